@@ -1,0 +1,43 @@
+# inferplane: `make demo` and `make test` each do all set-up on a fresh machine.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test lint typecheck unit fast bench-calibration bench-fleet bench-gateway clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/inferplane up
+
+test: $(STAMP) lint typecheck unit
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check inferplane tests bench
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+unit: $(STAMP)
+	$(BIN)/pytest -q
+
+fast: $(STAMP)
+	$(BIN)/pytest -q -m 'not slow'
+
+bench-calibration: $(STAMP)
+	$(BIN)/python bench/engine_calibration.py
+
+bench-fleet: $(STAMP)
+	$(BIN)/python bench/engine_fleet.py
+
+bench-gateway: $(STAMP)
+	$(BIN)/python bench/gateway_overhead.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
