@@ -1,0 +1,148 @@
+"""The policy core's vocabulary: what it sees (views, calls) and what it answers (decisions).
+
+Both bodies build these values: the gateway from scraping and its own in-flight counts, the
+simulator from its engine models. The core never asks an endpoint anything; it reads a
+snapshot and returns a decision that carries its reason, so every decision can be logged,
+traced, counted and compared between the live gateway and the simulator.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class PriorityClass(enum.Enum):
+    """Criticality of a call (the Kubernetes inference extension's names)."""
+
+    CRITICAL = "critical"
+    STANDARD = "standard"
+    SHEDDABLE = "sheddable"
+
+    @property
+    def rank(self) -> int:
+        """0 for the most important class; lower ranks are served and kept first."""
+        return _PRIORITY_RANK[self]
+
+
+_PRIORITY_RANK = {PriorityClass.CRITICAL: 0, PriorityClass.STANDARD: 1, PriorityClass.SHEDDABLE: 2}
+
+
+class EngineKind(enum.Enum):
+    """The protocol family an endpoint speaks (decides which metric names to scrape)."""
+
+    VLLM = "vllm"
+    SGLANG = "sglang"
+    TRTLLM = "trtllm"
+    OPENAI = "openai"
+
+
+class EndpointState(enum.Enum):
+    """One state per endpoint, as the control plane sees it."""
+
+    COLD = "cold"  # weights not loaded / not answering health checks
+    WARMING = "warming"  # healthy again recently; takes a ramped share (slow start)
+    READY = "ready"
+    DRAINING = "draining"  # finishes in-flight work, takes no new work
+    EJECTED = "ejected"  # taken out by outlier detection / circuit breaker
+
+    @property
+    def accepts_work(self) -> bool:
+        return self in (EndpointState.READY, EndpointState.WARMING)
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointInfo:
+    """The static identity of one engine replica, from the fleet config."""
+
+    name: str
+    url: str
+    kind: EngineKind
+    models: tuple[str, ...]
+    gpu: str
+    price_per_hour_usd: float
+    region: str
+    max_model_len: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointLoad:
+    """The latest observed load of an endpoint (scraped or simulated)."""
+
+    num_waiting: int = 0
+    num_running: int = 0
+    kv_usage: float = 0.0  # 0..1
+    observed_at_s: float | None = None  # None: never observed
+
+    def age_s(self, now: float) -> float:
+        """Seconds since the observation; infinite when there is none."""
+        return float("inf") if self.observed_at_s is None else max(0.0, now - self.observed_at_s)
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointView:
+    """What the core knows about one endpoint at one instant."""
+
+    info: EndpointInfo
+    state: EndpointState
+    load: EndpointLoad = field(default_factory=EndpointLoad)
+    in_flight: int = 0  # requests the gateway itself has outstanding there
+    state_since_s: float = 0.0
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    def serves(self, model: str) -> bool:
+        return model in self.info.models
+
+
+@dataclass(frozen=True, slots=True)
+class CallContext:
+    """One call, parsed once at the front door."""
+
+    request_id: str
+    tenant: str
+    model: str
+    priority: PriorityClass
+    arrival_s: float
+    num_prompt_tokens: int
+    max_tokens: int
+    deadline_s: float | None = None  # absolute, on the caller's clock
+    ttft_budget_s: float | None = None  # relative to arrival
+    workflow_id: str | None = None
+    workflow_step: int | None = None
+    workflow_steps: int | None = None
+    stream: bool = False
+    prompt_block_keys: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class AxisScore:
+    """One scorer's opinion of one endpoint, in [0, 1], with its reason."""
+
+    axis: str
+    score: float
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RankedEndpoint:
+    name: str
+    score: float
+    axes: tuple[AxisScore, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RouteDecision:
+    """Endpoints in order of preference (primary first, then fallbacks) and why."""
+
+    ranked: tuple[RankedEndpoint, ...]
+    reason: str
+
+    @property
+    def primary(self) -> str | None:
+        return self.ranked[0].name if self.ranked else None
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(r.name for r in self.ranked)
