@@ -16,6 +16,7 @@ from collections.abc import Sequence
 COMMAND_MODULES: tuple[str, ...] = (
     "inferplane.engine.cli",
     "inferplane.gateway.cli",
+    "inferplane.sim.cli",
 )
 
 
