@@ -29,8 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as exc:
-            if exc.name != name:
-                raise
+            if exc.name is None or not name.startswith(exc.name):
+                raise  # a missing dependency inside the module, not the module itself
             continue
         module.register(subparsers)
     return parser
