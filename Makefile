@@ -12,8 +12,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $(STAMP)
 
+LOAD ?=
+
 demo: $(STAMP)
-	$(BIN)/inferplane up
+	$(BIN)/inferplane up $(if $(LOAD),--load $(LOAD))
 
 test: $(STAMP) lint typecheck unit
 
