@@ -63,6 +63,7 @@ class EndpointInfo:
     price_per_hour_usd: float
     region: str
     max_model_len: int | None = None
+    tensor_parallel: int = 1  # GPUs per replica: GPU-seconds accrue this many per second
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,133 @@
+"""Values of the accounting ledger: what goes in (a finished request) and what comes out.
+
+Kept apart from the ledger itself (``inferplane.core.accounting``) so the shells can build
+records and read snapshots without the bookkeeping. A snapshot is plain data: every field
+is a number, a string (enums as their values), a dict of those, or a tuple of frozen
+dataclasses, so ``dataclasses.asdict(snapshot)`` is ready for JSON.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from inferplane.core.types import PriorityClass
+
+
+class TaskOutcome(enum.Enum):
+    """How a task ended (OPEN: still running, only in summaries)."""
+
+    SUCCESS = "success"
+    FAILURE = "failure"
+    ABANDONED = "abandoned"  # idle past the TTL, or evicted when too many were open
+    OPEN = "open"
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """One finished (or rejected) request, as the gateway or simulator saw it.
+
+    ``workflow_step`` counts from 1; a successful call whose step equals ``workflow_steps``
+    completes its workflow.
+    """
+
+    request_id: str
+    tenant: str
+    model: str
+    endpoint: str | None
+    priority: PriorityClass
+    workflow_id: str | None
+    workflow_step: int | None
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    success: bool
+    reason: str = ""
+    workflow_steps: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RequestCost:
+    """What one request cost: its share of its endpoints' time, all attempts included."""
+
+    gpu_seconds: float
+    usd: float
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointSpend:
+    """One endpoint's spend over the window, split by what it was doing."""
+
+    name: str
+    gpu: str
+    state: str
+    in_flight: int
+    spend_usd: float
+    busy_usd: float  # at least one request in flight
+    idle_usd: float  # nothing in flight while ready, draining or ejected
+    warming_usd: float  # nothing in flight while cold or warming
+    busy_share: float  # busy time over window time
+
+
+@dataclass(frozen=True, slots=True)
+class UsageTotals:
+    """Requests, tokens and cost for one model or one tenant."""
+
+    key: str
+    requests: int
+    failed: int
+    rejected: int
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    cost_usd: float
+    gpu_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowSummary:
+    """One workflow (task of many calls), open or closed."""
+
+    workflow_id: str
+    tenant: str
+    outcome: str
+    steps_done: int
+    steps_expected: int | None
+    prompt_tokens: int
+    completion_tokens: int
+    cost_usd: float
+    first_seen_s: float
+    last_seen_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class AccountingSnapshot:
+    """Fleet totals at one instant.
+
+    Identity: ``fleet_spend_usd == charged_usd + in_flight_usd + idle_usd + warming_usd``
+    and ``busy_usd == charged_usd + in_flight_usd`` (floating-point rounding aside).
+    """
+
+    at_s: float
+    window_s: float
+    fleet_spend_usd: float
+    busy_usd: float
+    idle_usd: float
+    warming_usd: float
+    charged_usd: float  # sum of the costs of finished requests
+    in_flight_usd: float  # accrued by requests still running
+    wasted_usd: float  # cost of failed requests
+    retry_usd: float  # cost of attempts abandoned by failover
+    gpu_seconds: float
+    charged_gpu_seconds: float
+    num_requests: int
+    num_failed: int
+    num_rejected: int
+    num_in_flight: int
+    tasks: dict[str, int]  # by TaskOutcome value, "open" for running workflows
+    cost_per_successful_task_usd: float | None
+    success_per_dollar: float | None
+    endpoints: tuple[EndpointSpend, ...]
+    models: tuple[UsageTotals, ...]
+    tenants: tuple[UsageTotals, ...]
+    top_workflows: tuple[WorkflowSummary, ...]
