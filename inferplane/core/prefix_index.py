@@ -1,0 +1,448 @@
+"""The prefix index: which endpoint holds which leading KV blocks of a prompt (pure).
+
+One interface, two sources of truth:
+
+* precise: decoded vLLM KV events (:mod:`inferplane.core.kv_events`) applied per
+  endpoint. Engines seed their block hashes per process, so hashes from two engines
+  cannot be compared; the index keys every block by its *own* chained hash of token ids
+  (:func:`block_keys`) and keeps, per endpoint, a map engine-hash -> own key so a
+  ``BlockRemoved`` can be applied and a child block can find its parent's own key.
+* speculative / approximate: :meth:`PrefixIndex.record_route` inserts the blocks of a
+  request the gateway just routed. On an endpoint with events the entries live for a
+  short TTL (siblings of a burst co-locate before the engine's events arrive) and a
+  ``BlockStored`` confirms them; on an endpoint without events they are all the index
+  knows, so they live longer and are bounded by LRU.
+
+:meth:`PrefixIndex.match` answers, per endpoint, the longest run of consecutive leading
+blocks present (the score llm-d and Dynamo route on); :meth:`PrefixIndex.weighted_match`
+weighs blocks held only in CPU memory at ``cpu_weight``.
+
+Memory is bounded: ``max_entries`` (endpoint, block) entries overall, evicting the least
+recently stored or routed entry of the endpoint that holds the most, and
+``max_engine_hashes`` engine hashes overall (past it, the endpoint that overflowed is
+cleared: its events and the index disagree). The index is pure: ``now`` is passed in
+and nothing here reads a clock or does I/O; it is not thread-safe (one event loop owns it).
+
+Own keys are Python's tuple hash of ``(parent key, 16 token ids)``: deterministic across
+processes for ints, 64-bit, and ~25 us per 1K tokens. It is not a cryptographic hash: a
+crafted collision can only mislead routing (a cache miss), never change an answer.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from collections import OrderedDict, deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from inferplane.core.kv_events import MEDIUM_GPU, AllBlocksCleared, BlockStored, KVEvent
+
+#: Entry flags: which tiers hold a block (confirmed by events), or an unconfirmed guess.
+GPU = 1
+CPU = 2
+GUESS = 4
+_TIERS = GPU | CPU
+#: Measured by bench/prefix_index.py (tracemalloc): bytes per (endpoint, block) entry,
+#: per distinct block key, per engine hash kept for removals.
+BYTES_PER_ENTRY = 110
+BYTES_PER_KEY = 100
+BYTES_PER_ENGINE_HASH = 95
+
+
+def root_key(lora_name: str | None = None) -> int:
+    """The parent key of a prompt's first block (a LoRA adapter starts its own tree)."""
+    if lora_name is None:
+        return 0
+    digest = hashlib.blake2b(lora_name.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+def block_keys(token_ids: Sequence[int], block_size: int = 16, parent: int = 0) -> list[int]:
+    """Own keys of the full blocks of ``token_ids``, each chained to the one before.
+
+    A trailing partial block has no key (engines cache full blocks only).
+    """
+    it = iter(token_ids)
+    keys: list[int] = []
+    append = keys.append
+    key = parent
+    for block in zip(*([it] * block_size), strict=False):
+        key = hash((key, block))
+        append(key)
+    return keys
+
+
+class IndexSource(enum.Enum):
+    """Where an endpoint's entries come from."""
+
+    PRECISE = "precise"  # KV events, plus short-lived speculative entries
+    APPROXIMATE = "approximate"  # only what the gateway routed there
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixIndexConfig:
+    """Bounds and weights of the index."""
+
+    block_size: int = 16
+    max_entries: int = 1_000_000
+    max_engine_hashes: int = 2_000_000
+    speculative_ttl_s: float = 2.0
+    approximate_ttl_s: float = 600.0
+    cpu_weight: float = 0.8
+
+    def __post_init__(self) -> None:
+        if self.block_size <= 0 or self.max_entries <= 0 or self.max_engine_hashes <= 0:
+            raise ValueError("block_size, max_entries and max_engine_hashes must be positive")
+        if self.speculative_ttl_s <= 0 or self.approximate_ttl_s <= 0:
+            raise ValueError("TTLs must be positive")
+        if not 0.0 <= self.cpu_weight <= 1.0:
+            raise ValueError("cpu_weight must be in [0, 1]")
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointIndexStats:
+    """Counters of one endpoint, for metrics and for the subscriber's status."""
+
+    source: IndexSource
+    num_entries: int
+    num_engine_hashes: int
+    events_applied: int
+    blocks_stored: int
+    blocks_removed: int
+    orphan_blocks: int  # parent unknown (events missed): not indexable
+    skipped_events: int  # other block size, other KV group, multimodal extra keys
+    clears: int
+
+
+@dataclass(frozen=True, slots=True)
+class IndexStats:
+    """Size of the whole index, with an estimate of its memory."""
+
+    num_endpoints: int
+    num_entries: int
+    num_keys: int
+    num_engine_hashes: int
+    evictions: int
+    expirations: int
+    estimated_bytes: int
+
+
+_COUNTERS = (
+    "events_applied",
+    "blocks_stored",
+    "blocks_removed",
+    "orphan_blocks",
+    "skipped_events",
+    "clears",
+)
+
+
+@dataclass(slots=True, eq=False)
+class _Endpoint:
+    name: str
+    bit: int
+    source: IndexSource
+    entries: OrderedDict[int, int] = field(default_factory=OrderedDict)  # key -> flags, LRU
+    engine: dict[int, int] = field(default_factory=dict)  # engine hash -> key << 2 | tiers
+    expiry: dict[int, float] = field(default_factory=dict)  # key -> expiry of a GUESS
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_COUNTERS, 0))
+
+
+def _tier(medium: str | None) -> int:
+    return GPU if medium is None or medium.upper() == MEDIUM_GPU else CPU
+
+
+class PrefixIndex:
+    """Blocks per endpoint, keyed by own chained hashes; see the module docstring."""
+
+    def __init__(self, config: PrefixIndexConfig | None = None) -> None:
+        self.config = config or PrefixIndexConfig()
+        self._endpoints: dict[str, _Endpoint] = {}
+        self._holders: dict[int, int] = {}  # key -> bit mask of endpoints holding it
+        self._free_bits: list[int] = []
+        self._next_bit = 1
+        self._num_entries = 0
+        self._num_engine_hashes = 0
+        self._speculative: deque[tuple[float, str, Sequence[int]]] = deque()
+        self._evictions = 0
+        self._expirations = 0
+
+    # -- membership ---------------------------------------------------------------
+
+    def add_endpoint(self, name: str, source: IndexSource) -> None:
+        """Register an endpoint (or change its source, which drops its guesses)."""
+        ep = self._endpoints.get(name)
+        if ep is None:
+            bit = self._free_bits.pop() if self._free_bits else self._take_bit()
+            self._endpoints[name] = _Endpoint(name=name, bit=bit, source=source)
+        elif ep.source is not source:
+            self.clear_endpoint(name)
+            ep.source = source
+
+    def remove_endpoint(self, name: str) -> None:
+        """Forget an endpoint entirely (it left the fleet)."""
+        if name in self._endpoints:
+            self.clear_endpoint(name)
+            self._free_bits.append(self._endpoints.pop(name).bit)
+
+    def clear_endpoint(self, name: str) -> None:
+        """Drop everything known about an endpoint's cache (restart, lost events)."""
+        ep = self._endpoints.get(name)
+        if ep is None:
+            return
+        for key in ep.entries:
+            self._unhold(key, ep.bit)
+        self._num_entries -= len(ep.entries)
+        self._num_engine_hashes -= len(ep.engine)
+        ep.entries.clear()
+        ep.engine.clear()
+        ep.expiry.clear()
+        ep.counts["clears"] += 1
+
+    def endpoints(self) -> list[str]:
+        return list(self._endpoints)
+
+    # -- precise source -------------------------------------------------------------
+
+    def apply_events(self, endpoint: str, events: Iterable[KVEvent], now: float) -> None:
+        """Apply one engine's decoded events, in order."""
+        self.expire(now)
+        self.add_endpoint(endpoint, IndexSource.PRECISE)
+        ep = self._endpoints[endpoint]
+        for event in events:
+            ep.counts["events_applied"] += 1
+            if isinstance(event, BlockStored):
+                self._apply_stored(ep, event)
+            elif isinstance(event, AllBlocksCleared):
+                self.clear_endpoint(endpoint)
+            elif event.group_idx:
+                ep.counts["skipped_events"] += 1
+            else:
+                self._apply_removed(ep, event.block_hashes, _tier(event.medium))
+            if self._num_engine_hashes > self.config.max_engine_hashes:
+                self.clear_endpoint(endpoint)
+
+    def _apply_stored(self, ep: _Endpoint, event: BlockStored) -> None:
+        size = self.config.block_size
+        if (
+            event.block_size != size
+            or event.group_idx
+            or len(event.token_ids) != size * len(event.block_hashes)
+            or (event.extra_keys is not None and any(e is not None for e in event.extra_keys))
+        ):
+            ep.counts["skipped_events"] += 1
+            return
+        if event.parent_block_hash is None:
+            parent = root_key(event.lora_name)
+        else:
+            packed = ep.engine.get(event.parent_block_hash)
+            if packed is None:
+                ep.counts["orphan_blocks"] += len(event.block_hashes)
+                return
+            parent = packed >> 2
+        tier = _tier(event.medium)
+        keys = block_keys(event.token_ids, size, parent)
+        for engine_hash, key in zip(event.block_hashes, keys, strict=True):
+            old = ep.engine.get(engine_hash)
+            if old is None:
+                self._num_engine_hashes += 1
+                ep.engine[engine_hash] = key << 2 | tier
+            else:
+                ep.engine[engine_hash] = key << 2 | tier | (old & _TIERS if old >> 2 == key else 0)
+            ep.expiry.pop(key, None)
+            self._set(ep, key, tier, clear=GUESS)
+        ep.counts["blocks_stored"] += len(keys)
+
+    def _apply_removed(self, ep: _Endpoint, hashes: Sequence[int], tier: int) -> None:
+        for engine_hash in hashes:
+            packed = ep.engine.get(engine_hash)
+            if packed is None:
+                continue
+            key, tiers = packed >> 2, packed & _TIERS & ~tier
+            if tiers:
+                ep.engine[engine_hash] = key << 2 | tiers
+            else:
+                del ep.engine[engine_hash]
+                self._num_engine_hashes -= 1
+            self._unset(ep, key, tier)
+            ep.counts["blocks_removed"] += 1
+
+    # -- speculative and approximate source -------------------------------------------
+
+    def record_route(self, endpoint: str, keys: Sequence[int], now: float) -> None:
+        """The gateway sent a prompt with these block keys to ``endpoint``.
+
+        Unknown endpoints are registered as approximate. ``keys`` is kept until its TTL
+        passes, so the caller must not mutate it afterwards.
+        """
+        self.expire(now)
+        if endpoint not in self._endpoints:
+            self.add_endpoint(endpoint, IndexSource.APPROXIMATE)
+        ep = self._endpoints[endpoint]
+        precise = ep.source is IndexSource.PRECISE
+        expires_at = now + (
+            self.config.speculative_ttl_s if precise else self.config.approximate_ttl_s
+        )
+        entries = ep.entries
+        for key in keys:
+            flags = entries.get(key)
+            if flags is not None and flags & GPU:
+                entries.move_to_end(key)  # already confirmed in GPU memory
+                continue
+            ep.expiry[key] = expires_at
+            self._set(ep, key, GUESS)
+        if precise:
+            self._speculative.append((expires_at, endpoint, keys))
+
+    def expire(self, now: float) -> int:
+        """Drop guesses whose TTL has passed; returns how many entries went."""
+        before = self._num_entries
+        queue = self._speculative
+        while queue and queue[0][0] <= now:
+            expires_at, name, keys = queue.popleft()
+            ep = self._endpoints.get(name)
+            if ep is not None:
+                for key in keys:
+                    if ep.expiry.get(key) == expires_at:
+                        del ep.expiry[key]
+                        self._unset(ep, key, GUESS)
+        for ep in self._endpoints.values():
+            if ep.source is IndexSource.APPROXIMATE:
+                self._expire_oldest(ep, now)
+        gone = before - self._num_entries
+        self._expirations += gone
+        return gone
+
+    def _expire_oldest(self, ep: _Endpoint, now: float) -> None:
+        # Approximate entries are touched exactly when their expiry is set, so the LRU
+        # order is the expiry order: expire from the front.
+        entries = ep.entries
+        while entries:
+            key = next(iter(entries))
+            if ep.expiry.get(key, now) > now:
+                return
+            ep.expiry.pop(key, None)
+            self._unset(ep, key, GUESS | _TIERS)
+
+    # -- queries ------------------------------------------------------------------
+
+    def match(self, keys: Sequence[int], endpoints: Iterable[str]) -> dict[str, int]:
+        """Per endpoint, how many leading blocks of ``keys`` it holds (any tier)."""
+        bits = [(name, self._bit(name)) for name in endpoints]
+        result = dict.fromkeys((name for name, _ in bits), len(keys))
+        active = 0
+        for _, bit in bits:
+            active |= bit
+        holders = self._holders
+        for i, key in enumerate(keys):
+            if not active:
+                break
+            held = holders.get(key, 0) & active
+            lost = active & ~held
+            if lost:
+                for name, bit in bits:
+                    if lost & bit:
+                        result[name] = i
+                active = held
+        for name, bit in bits:
+            if not bit:
+                result[name] = 0
+        return result
+
+    def weighted_match(self, keys: Sequence[int], endpoints: Iterable[str]) -> dict[str, float]:
+        """Like :meth:`match`, but a block held only in CPU memory counts ``cpu_weight``."""
+        names = list(endpoints)
+        counts = self.match(keys, names)
+        cpu_weight = self.config.cpu_weight
+        result: dict[str, float] = {}
+        for name in names:
+            ep = self._endpoints.get(name)
+            run = counts[name]
+            if ep is None or not run:
+                result[name] = 0.0
+                continue
+            entries = ep.entries
+            cpu_only = sum(1 for key in keys[:run] if entries.get(key, GPU) & (GPU | GUESS) == 0)
+            result[name] = run - cpu_only * (1.0 - cpu_weight)
+        return result
+
+    def stats(self) -> IndexStats:
+        estimated = (
+            self._num_entries * BYTES_PER_ENTRY
+            + len(self._holders) * BYTES_PER_KEY
+            + self._num_engine_hashes * BYTES_PER_ENGINE_HASH
+        )
+        return IndexStats(
+            num_endpoints=len(self._endpoints),
+            num_entries=self._num_entries,
+            num_keys=len(self._holders),
+            num_engine_hashes=self._num_engine_hashes,
+            evictions=self._evictions,
+            expirations=self._expirations,
+            estimated_bytes=estimated,
+        )
+
+    def endpoint_stats(self, name: str) -> EndpointIndexStats | None:
+        ep = self._endpoints.get(name)
+        if ep is None:
+            return None
+        return EndpointIndexStats(
+            source=ep.source,
+            num_entries=len(ep.entries),
+            num_engine_hashes=len(ep.engine),
+            **ep.counts,
+        )
+
+    # -- entry bookkeeping ------------------------------------------------------------
+
+    def _set(self, ep: _Endpoint, key: int, flag: int, clear: int = 0) -> None:
+        entries = ep.entries
+        old = entries.get(key)
+        if old is None:
+            entries[key] = flag
+            self._holders[key] = self._holders.get(key, 0) | ep.bit
+            self._num_entries += 1
+            if self._num_entries > self.config.max_entries:
+                self._evict_one()
+        else:
+            entries[key] = (old & ~clear) | flag
+            entries.move_to_end(key)
+
+    def _unset(self, ep: _Endpoint, key: int, flag: int) -> None:
+        entries = ep.entries
+        old = entries.get(key)
+        if old is None:
+            return
+        new = old & ~flag
+        if new:
+            entries[key] = new
+            return
+        del entries[key]
+        ep.expiry.pop(key, None)
+        self._num_entries -= 1
+        self._unhold(key, ep.bit)
+
+    def _unhold(self, key: int, bit: int) -> None:
+        mask = self._holders.get(key, 0) & ~bit
+        if mask:
+            self._holders[key] = mask
+        else:
+            self._holders.pop(key, None)
+
+    def _evict_one(self) -> None:
+        victim = max(self._endpoints.values(), key=lambda e: len(e.entries))
+        key, _ = victim.entries.popitem(last=False)
+        victim.expiry.pop(key, None)
+        self._num_entries -= 1
+        self._unhold(key, victim.bit)
+        self._evictions += 1
+
+    def _bit(self, name: str) -> int:
+        ep = self._endpoints.get(name)
+        return 0 if ep is None else ep.bit
+
+    def _take_bit(self) -> int:
+        bit = self._next_bit
+        self._next_bit <<= 1
+        return bit
