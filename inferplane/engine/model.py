@@ -1,27 +1,51 @@
-"""STUB (contract only): the clock-free engine model. Replaced by the real implementation.
+"""The clock-free engine model: one vLLM-like replica, advanced by its caller's clock.
 
-Public API (stable; the emulated server and the simulator code against it):
+It ties together the performance model (how long a step takes), the scheduler
+(continuous batching, chunked prefill, preemption), the paged KV cache with its prefix
+cache, the deterministic generator, and the replica's lifecycle (cold, loading, ready).
+The emulated engine server drives it with the event loop's time; the simulator with its
+virtual clock. Times are seconds on the caller's clock.
 
     model = EngineModel(profile, time_scale=1.0, seed=0, start_state=EngineState.READY, now=0.0)
-    model.submit(EngineRequest(...), now)          # queue a request (ValueError if it cannot fit)
-    events = model.advance(now)                    # run every step that ends at or before `now`
-    t = model.next_event_time()                    # when the next step ends / loading completes
-    events = model.abort(request_id, now)          # cancel (RequestFinished ABORT + freed blocks)
-    events = model.reset(now, cold=True)           # crash/restart: in-flight fail with ERROR,
-                                                   # AllBlocksCleared, state COLD
-    events = model.start_loading(now)              # COLD -> LOADING; READY after load time
-    model.slowdown = 5.0                           # degrading GPU: every step 5x slower
+    model.submit(EngineRequest(...), now)          # queue (ValueError if it can never run)
+    events = model.advance(now)                    # run every step that ends at or before now
+    t = model.next_event_time()                    # next step end / loading end; None if idle
+    events = model.abort(request_id, now)          # RequestFinished(ABORT), blocks freed
+    events = model.reset(now, cold=True)           # crash: in-flight ERROR, cache cleared, COLD
+    events = model.start_loading(now)              # COLD -> LOADING -> READY after load time
+    model.slowdown = 5.0                           # a degrading GPU: every duration 5x longer
     model.stats() -> EngineStats
-    model.max_model_len, model.profile, model.state, model.time_scale
+
+Timing rules: a step starts at the previous step's end, or, when the engine was idle, at
+the time of the submit that woke it; steps run back to back while there is work, so
+virtual time stays consistent however late the caller is. A step's decisions
+(RequestScheduled, RequestPreempted, BlockRemoved) carry its start time; its results
+(TokensGenerated, BlockStored, RequestFinished) its end time. Every duration (steps, cold
+start) is multiplied by ``time_scale * slowdown``. Calls that take ``now`` first run the
+engine up to ``now``; events they produce that way are returned by the next ``advance``
+(``submit``) or with their own (``abort``, ``reset``, ``start_loading``).
 """
 
 from __future__ import annotations
 
+from inferplane.engine.generation import TokenGenerator
+from inferplane.engine.kvcache import BlockPool
+from inferplane.engine.perf import PerfModel
 from inferplane.engine.profiles import EngineProfile
-from inferplane.engine.types import EngineEvent, EngineRequest, EngineState, EngineStats
+from inferplane.engine.scheduler import Scheduler, StepPlan
+from inferplane.engine.types import (
+    AllBlocksCleared,
+    EngineEvent,
+    EngineRequest,
+    EngineState,
+    EngineStats,
+    StateChanged,
+)
 
 
 class EngineModel:
+    """One engine replica in the caller's time; see the module docstring for the rules."""
+
     def __init__(
         self,
         profile: EngineProfile,
@@ -31,30 +55,201 @@ class EngineModel:
         start_state: EngineState = EngineState.READY,
         now: float = 0.0,
         priority_scheduling: bool = False,
+        kv_events: bool = True,
+        num_gpu_blocks: int | None = None,
     ) -> None:
+        if time_scale <= 0:
+            raise ValueError(f"time_scale must be > 0, got {time_scale}")
         self.profile = profile
         self.time_scale = time_scale
-        self.slowdown = 1.0
+        self._slowdown = 1.0
         self.state = start_state
         self.max_model_len = profile.model.max_model_len
+        self.perf = PerfModel(profile)
+        blocks = profile.num_gpu_blocks if num_gpu_blocks is None else num_gpu_blocks
+        self._pool = BlockPool(blocks, profile.block_size, seed)
+        self._sched = Scheduler(
+            self._pool,
+            TokenGenerator(profile.mean_output_tokens),
+            max_model_len=self.max_model_len,
+            max_num_seqs=profile.max_num_seqs,
+            max_num_batched_tokens=profile.max_num_batched_tokens,
+            priority_scheduling=priority_scheduling,
+            kv_events=kv_events,
+        )
+        self._kv_events = kv_events
+        self._step: StepPlan | None = None
+        self._start_s: float | None = None  # when the next step may start (work, no step)
+        self._load_end_s: float | None = None
+        self._clock_s = now  # the latest time the caller has told us
+        self._emit_tokens = True
+        self._num_steps = 0
+        self._buffer: list[EngineEvent] = []
+        if start_state is EngineState.LOADING:
+            self._load_end_s = now + self._scaled(profile.load_time_s)
+
+    # -- knobs -------------------------------------------------------------------------------
+
+    @property
+    def slowdown(self) -> float:
+        """Fault knob: every duration that starts from now on is this many times longer."""
+        return self._slowdown
+
+    @slowdown.setter
+    def slowdown(self, value: float) -> None:
+        if not value > 0:
+            raise ValueError(f"slowdown must be > 0, got {value}")
+        self._slowdown = float(value)
+
+    @property
+    def num_gpu_blocks(self) -> int:
+        return self._pool.num_blocks
+
+    def cached_block_hashes(self) -> frozenset[int]:
+        """Hashes of the blocks the prefix cache holds now (what KV events describe)."""
+        return self._pool.cached_hashes()
+
+    # -- the public verbs --------------------------------------------------------------------
 
     def submit(self, request: EngineRequest, now: float) -> None:
-        raise NotImplementedError
+        """Queue a request (also while cold or loading); ValueError if it can never run."""
+        self._run_until(now)
+        self._sched.add(request, self._clock_s)
+        if self.state is EngineState.READY and self._step is None and self._start_s is None:
+            self._start_s = self._clock_s
 
     def advance(self, now: float, *, emit_tokens: bool = True) -> list[EngineEvent]:
-        raise NotImplementedError
+        """Run every step that ends at or before ``now``; the events, oldest first.
+
+        ``emit_tokens=False`` skips per-token TokensGenerated events (a simulator needs
+        only scheduling, finishes and KV events); tokens are still generated.
+        """
+        self._emit_tokens = emit_tokens
+        self._run_until(now)
+        return self._flush()
 
     def next_event_time(self) -> float | None:
-        raise NotImplementedError
+        """When the current step ends (or loading completes); None when nothing will happen."""
+        if self.state is EngineState.LOADING:
+            return self._load_end_s
+        if self.state is not EngineState.READY:
+            return None
+        if self._step is None and self._start_s is not None:
+            self._plan(self._start_s)
+        return None if self._step is None else self._step.end_s
 
     def abort(self, request_id: str, now: float) -> list[EngineEvent]:
-        raise NotImplementedError
+        """Cancel a request: RequestFinished(ABORT) and its blocks freed; no-op if unknown."""
+        self._run_until(now)
+        self._buffer.extend(self._sched.abort(request_id, self._clock_s))
+        return self._flush()
 
     def reset(self, now: float, *, cold: bool = True) -> list[EngineEvent]:
-        raise NotImplementedError
+        """Crash/restart: every request in flight finishes with ERROR, the KV cache is
+        cleared (AllBlocksCleared) and the engine is COLD (or READY again if not ``cold``)."""
+        self._run_until(now)
+        t = self._clock_s
+        self._buffer.extend(self._sched.fail_all(t))
+        self._pool.clear()
+        if self._kv_events:
+            self._buffer.append(AllBlocksCleared(t))
+        self._step = None
+        self._start_s = None
+        self._load_end_s = None
+        self._set_state(EngineState.COLD if cold else EngineState.READY, t)
+        return self._flush()
 
     def start_loading(self, now: float) -> list[EngineEvent]:
-        raise NotImplementedError
+        """COLD -> LOADING; READY after weights/storage bandwidth + warm-up (scaled)."""
+        self._run_until(now)
+        if self.state is EngineState.COLD:
+            self._load_end_s = self._clock_s + self._scaled(self.profile.load_time_s)
+            self._set_state(EngineState.LOADING, self._clock_s)
+        return self._flush()
 
     def stats(self) -> EngineStats:
-        raise NotImplementedError
+        pool, sched = self._pool, self._sched
+        return EngineStats(
+            state=self.state,
+            num_waiting=sched.num_waiting,
+            num_running=len(sched.running),
+            num_gpu_blocks=pool.num_blocks,
+            num_used_blocks=pool.num_used,
+            num_cached_free_blocks=pool.num_cached_free,
+            block_size=pool.block_size,
+            kv_usage=pool.num_used / pool.num_blocks,
+            prefix_cache_queries_tokens=sched.prefix_queries_tokens,
+            prefix_cache_hits_tokens=sched.prefix_hits_tokens,
+            num_preemptions=sched.num_preemptions,
+            prompt_tokens_total=sched.prompt_tokens_total,
+            generation_tokens_total=sched.generation_tokens_total,
+            num_steps=self._num_steps,
+        )
+
+    # -- the engine loop ---------------------------------------------------------------------
+
+    def _run_until(self, now: float) -> None:
+        if now > self._clock_s:
+            self._clock_s = now
+        while True:
+            if self.state is EngineState.LOADING:
+                load_end = self._load_end_s
+                if load_end is None or load_end > now:
+                    return
+                self._become_ready(load_end)
+            if self.state is not EngineState.READY:
+                return
+            step = self._step
+            if step is None:
+                start = self._start_s
+                if start is None or start >= now:
+                    return  # a step starting exactly now waits for more arrivals at now
+                step = self._plan(start)
+                if step is None:
+                    return
+            if step.end_s > now:
+                return
+            self._finish_step(step)
+
+    def _plan(self, start_s: float) -> StepPlan | None:
+        self._start_s = None
+        plan = self._sched.schedule(start_s)
+        if plan is None:
+            return None
+        busy_s = self.perf.step_time_s(
+            plan.num_decode_seqs,
+            plan.decode_context_tokens,
+            plan.num_prefill_seqs,
+            plan.prefill_tokens,
+            plan.prefill_context_tokens,
+            plan.prefill_pairs,
+        )
+        plan.end_s = start_s + self._scaled(busy_s)
+        self._step = plan
+        self._buffer.extend(plan.events)
+        return plan
+
+    def _finish_step(self, step: StepPlan) -> None:
+        self._step = None
+        self._num_steps += 1
+        self._buffer.extend(self._sched.complete(step, emit_tokens=self._emit_tokens))
+        if self._sched.has_work():
+            self._start_s = step.end_s
+
+    def _become_ready(self, time_s: float) -> None:
+        self._load_end_s = None
+        self._set_state(EngineState.READY, time_s)
+        if self._sched.has_work():
+            self._start_s = time_s
+
+    def _set_state(self, state: EngineState, time_s: float) -> None:
+        if state is not self.state:
+            self.state = state
+            self._buffer.append(StateChanged(time_s, state))
+
+    def _scaled(self, duration_s: float) -> float:
+        return duration_s * self.time_scale * self._slowdown
+
+    def _flush(self) -> list[EngineEvent]:
+        events, self._buffer = self._buffer, []
+        return events

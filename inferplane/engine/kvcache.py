@@ -1,0 +1,184 @@
+"""The paged KV cache: a pool of fixed-size blocks with ref counts and a prefix cache.
+
+Like vLLM's block pool, memory is cut into blocks of ``block_size`` tokens. A request
+holds a list of block ids; a full block whose tokens are known is *cached* under a
+chained hash (the hash of its parent block's hash and its own token ids), so the same
+prefix in a later request maps to the same blocks and is not recomputed.
+
+Design notes (why it looks like this):
+* Block ids are plain ints and the per-block state lives in two flat lists (ref count,
+  hash), so the hot path touches no per-block objects.
+* Free blocks are kept in two places: blocks without content (a stack) and blocks that
+  still hold cached content (an LRU ``OrderedDict``). Allocation takes empty blocks first
+  and evicts cached content only when it must, least recently freed first; a request frees
+  its blocks tail first, so a prefix outlives its suffix.
+* Hashes are seeded per pool (per engine instance, like vLLM's per-process seed): two
+  engines give different hashes to the same tokens, as real ones do. Python's tuple hash
+  of ints is deterministic across processes, fast (C) and 64-bit; it is made unsigned.
+* A hash is cached by at most one block: a duplicate computed concurrently stays uncached,
+  so the stored/removed events replay into exactly the set of cached hashes.
+* Evicted hashes are queued for the caller, which turns them into ``BlockRemoved`` events
+  stamped with its own time. Pure data structure: no clock, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+
+_MASK64 = (1 << 64) - 1
+_NO_HASH = -1  # a block without cached content (hashes are unsigned, never negative)
+
+
+class BlockPool:
+    """``num_blocks`` KV blocks of ``block_size`` tokens with an LRU prefix cache."""
+
+    __slots__ = (
+        "_cached",
+        "_free_cached",
+        "_free_empty",
+        "_hash",
+        "_ref",
+        "_removed",
+        "_root",
+        "_seed",
+        "block_size",
+        "num_blocks",
+    )
+
+    def __init__(self, num_blocks: int, block_size: int, seed: int = 0) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"need num_blocks, block_size >= 1; got {num_blocks}, {block_size}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self._seed = seed
+        self._root = hash(("inferplane-kv-root", seed)) & _MASK64
+        self._ref = [0] * num_blocks
+        self._hash = [_NO_HASH] * num_blocks
+        self._cached: dict[int, int] = {}  # hash -> block id
+        self._free_empty: list[int] = list(range(num_blocks - 1, -1, -1))  # pop() -> 0 first
+        self._free_cached: OrderedDict[int, None] = OrderedDict()  # LRU: oldest first
+        self._removed: list[int] = []
+
+    # -- hashing ---------------------------------------------------------------------------
+
+    def hash_block(self, parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
+        """The chained hash of a full block: (seed, parent hash, token ids) -> unsigned 64."""
+        parent = self._root if parent_hash is None else parent_hash
+        return hash((self._seed, parent, token_ids)) & _MASK64
+
+    def extend_hashes(self, hashes: list[int], token_ids: Sequence[int], num_tokens: int) -> None:
+        """Append the chained hashes of the full blocks of ``token_ids[:num_tokens]``."""
+        size = self.block_size
+        parent = hashes[-1] if hashes else None
+        for start in range(len(hashes) * size, num_tokens - size + 1, size):
+            parent = self.hash_block(parent, tuple(token_ids[start : start + size]))
+            hashes.append(parent)
+
+    # -- prefix cache ----------------------------------------------------------------------
+
+    def lookup(self, hashes: Sequence[int]) -> list[int]:
+        """Block ids of the longest run of leading ``hashes`` that are cached."""
+        cached = self._cached
+        found: list[int] = []
+        for h in hashes:
+            block = cached.get(h)
+            if block is None:
+                break
+            found.append(block)
+        return found
+
+    def register(self, block_id: int, block_hash: int) -> bool:
+        """Cache a held, full block under ``block_hash``; False if the hash is already cached."""
+        if block_hash in self._cached:
+            return False
+        self._cached[block_hash] = block_id
+        self._hash[block_id] = block_hash
+        return True
+
+    def is_cached(self, block_hash: int) -> bool:
+        return block_hash in self._cached
+
+    def cached_hashes(self) -> frozenset[int]:
+        return frozenset(self._cached)
+
+    # -- allocation ------------------------------------------------------------------------
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free_empty) + len(self._free_cached)
+
+    @property
+    def num_used(self) -> int:
+        return self.num_blocks - self.num_free
+
+    @property
+    def num_cached_free(self) -> int:
+        return len(self._free_cached)
+
+    def num_free_excluding(self, block_ids: Iterable[int]) -> int:
+        """Free blocks left if ``block_ids`` (a prefix hit) were taken into use first."""
+        ref = self._ref
+        return self.num_free - sum(1 for b in block_ids if ref[b] == 0)
+
+    def touch(self, block_ids: Iterable[int]) -> None:
+        """Take a reference to cached blocks (a prefix hit); free ones leave the LRU."""
+        ref, free_cached = self._ref, self._free_cached
+        for b in block_ids:
+            if ref[b] == 0:
+                del free_cached[b]
+            ref[b] += 1
+
+    def allocate(self, num_blocks: int) -> list[int]:
+        """``num_blocks`` blocks, empty ones first, else evicting LRU cached content.
+
+        The caller checks ``num_free`` first; asking for more raises ValueError.
+        """
+        if num_blocks > self.num_free:
+            raise ValueError(f"asked for {num_blocks} blocks, {self.num_free} free")
+        ref, empty = self._ref, self._free_empty
+        out: list[int] = []
+        for _ in range(num_blocks):
+            if empty:
+                b = empty.pop()
+            else:
+                b, _none = self._free_cached.popitem(last=False)
+                h = self._hash[b]
+                del self._cached[h]
+                self._hash[b] = _NO_HASH
+                self._removed.append(h)
+            ref[b] = 1
+            out.append(b)
+        return out
+
+    def free(self, block_ids: Sequence[int]) -> None:
+        """Drop one reference to each block, tail first; cached content stays reusable."""
+        ref, hashes = self._ref, self._hash
+        for b in reversed(block_ids):
+            ref[b] -= 1
+            if ref[b] == 0:
+                if hashes[b] == _NO_HASH:
+                    self._free_empty.append(b)
+                else:
+                    self._free_cached[b] = None
+
+    def pop_removed(self) -> list[int]:
+        """Hashes evicted since the last call (for ``BlockRemoved`` events)."""
+        removed, self._removed = self._removed, []
+        return removed
+
+    def clear(self) -> None:
+        """Free every block and forget all cached content (engine reset; holders are gone)."""
+        self._ref = [0] * self.num_blocks
+        self._hash = [_NO_HASH] * self.num_blocks
+        self._cached.clear()
+        self._free_empty = list(range(self.num_blocks - 1, -1, -1))
+        self._free_cached.clear()
+        self._removed.clear()
+
+    def ref_count(self, block_id: int) -> int:
+        return self._ref[block_id]
+
+    def block_hash(self, block_id: int) -> int | None:
+        h = self._hash[block_id]
+        return None if h == _NO_HASH else h
