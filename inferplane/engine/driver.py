@@ -200,7 +200,6 @@ class EngineDriver:
     def restart(self) -> None:
         """Crash and restart cold: in-flight requests fail, KV cleared, weights reload."""
         self._crash_pending = False
-        self.faults.disarm_crash()
         now = self.model_now()
         self._dispatch(self.model.reset(now, cold=True))
         for stream in list(self._streams.values()):  # anything the model did not report
@@ -248,6 +247,7 @@ class EngineDriver:
                 self.num_late_wakeups += lateness > 0.001
             self._dispatch(self.model.advance(now - self._offset_s))
             if self._crash_pending:
+                self.faults.disarm_crash()
                 self.restart()
 
     def _dispatch(self, events: Sequence[EngineEvent]) -> None:
