@@ -65,6 +65,7 @@ class EndpointConfig(_Frozen):
             price_per_hour_usd=self.price_per_hour_usd,
             region=self.region,
             max_model_len=self.max_model_len,
+            tensor_parallel=self.tensor_parallel,
         )
 
 
@@ -131,9 +132,16 @@ class GatewayConfig(_Frozen):
     scrape_interval_s: float = Field(default=0.1, gt=0, le=10)
     stale_after_s: float = Field(default=0.5, gt=0)
     health_interval_s: float = Field(default=1.0, gt=0)
+    health_timeout_s: float = Field(default=1.0, gt=0)
+    unhealthy_after: int = Field(default=2, ge=1)  # failed checks before an endpoint is COLD
+    warmup_s: float = Field(default=10.0, ge=0)  # WARMING time after an endpoint comes back
+    max_connections: int = Field(default=1024, ge=1)  # upstream connection pool size
+    retries_before_first_byte: int = Field(default=1, ge=0, le=5)
     workflow_idle_ttl_s: float = Field(default=300.0, gt=0)
     max_in_flight: int = Field(default=4096, ge=1)
     log_content: bool = False  # never log prompt or completion text unless asked
+    log_requests: bool = True  # one JSON log line per request
+    seed: int = 0  # seeds the routing tie-breaker RNG
 
 
 class ModelRouteConfig(_Frozen):

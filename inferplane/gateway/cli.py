@@ -1,0 +1,105 @@
+"""Gateway sub-commands: ``inferplane serve -c fleet.yaml`` and ``inferplane up`` (the demo).
+
+Registered into the top-level parser by ``inferplane.cli``. Heavy imports happen inside the
+commands so ``inferplane --help`` stays fast. A bad config ends the command with exit code 2
+and the dotted path of every bad field, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    serve = subparsers.add_parser("serve", help="run the gateway in front of a configured fleet")
+    serve.add_argument("-c", "--config", required=True, help="fleet config (YAML)")
+    serve.add_argument("--host", default=None, help="bind address (default: from the config)")
+    serve.add_argument("--port", type=int, default=None, help="port (default: from the config)")
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.add_argument(
+        "--no-request-log", action="store_true", help="skip the per-request JSON log line"
+    )
+    serve.set_defaults(func=_serve)
+
+    up = subparsers.add_parser(
+        "up", help="the demo: gateway plus an embedded emulated fleet on loopback"
+    )
+    up.add_argument("--port", type=int, default=8080, help="gateway port (0 picks a free one)")
+    up.add_argument("--load", choices=["chat", "agentic", "mixed"], default=None)
+    up.add_argument("--rate", type=float, default=None, help="load: new tasks per second")
+    up.add_argument(
+        "--time-scale", type=float, default=None, help="engine speed-up vs real GPUs (default 1)"
+    )
+    up.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
+    up.add_argument("--log-level", default="warning", choices=["debug", "info", "warning"])
+    up.set_defaults(func=_up)
+
+
+def run_until_signalled(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
+    """Run ``main(stop)`` on uvloop when available; SIGINT/SIGTERM set ``stop``."""
+
+    async def wrapper() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, stop.set)
+        await main(stop)
+
+    try:
+        import uvloop
+
+        factory: Callable[[], asyncio.AbstractEventLoop] | None = uvloop.new_event_loop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        factory = None
+    with asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(wrapper())
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from inferplane.config import ConfigError, load_config
+    from inferplane.gateway.app import Gateway, start_server
+    from inferplane.gateway.logs import configure_logging
+
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"inferplane serve: {exc}", file=sys.stderr)
+        return 2
+    gw_cfg = config.gateway
+    updates: dict[str, Any] = {}
+    if args.no_request_log:
+        updates["log_requests"] = False
+    if updates:
+        config = config.model_copy(update={"gateway": gw_cfg.model_copy(update=updates)})
+    host = args.host or gw_cfg.host
+    port = gw_cfg.port if args.port is None else args.port
+    configure_logging(args.log_level)
+
+    async def main(stop: asyncio.Event) -> None:
+        gateway = Gateway(config)
+        try:
+            runner, bound = await start_server(gateway.build_app(), host, port)
+        except OSError as exc:
+            print(f"inferplane serve: cannot listen on {host}:{port}: {exc}", file=sys.stderr)
+            raise SystemExit(1) from None
+        print(f"inferplane gateway listening on http://{host}:{bound}", file=sys.stderr, flush=True)
+        try:
+            await stop.wait()
+        finally:
+            await runner.cleanup()
+
+    run_until_signalled(main)
+    return 0
+
+
+def _up(args: argparse.Namespace) -> int:
+    from inferplane.gateway.demo import run_demo
+
+    return run_demo(args)

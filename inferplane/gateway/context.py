@@ -1,0 +1,308 @@
+"""The request context, parsed once at the front door: who calls, what for, how urgently.
+
+Authentication (API key -> tenant through the SHA-256 of the key, or an explicit anonymous
+mode), the context headers of DESIGN.md (X-Priority, X-Deadline-Ms, X-TTFT-Budget-Ms, the
+workflow id and the session headers agent tools send instead, X-Workflow-Step/Steps) and the
+few body fields the gateway needs (model, stream, usage option, token counts) are read here and
+nowhere else. Anything malformed becomes an :class:`ApiError` naming the bad header or field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from inferplane.config import AuthConfig
+from inferplane.core.types import PriorityClass
+from inferplane.gateway.errors import ApiError
+
+#: Headers that carry a workflow (task) id, in order of precedence. Agent tools send their
+#: own session headers; we take the first one present.
+WORKFLOW_HEADERS: tuple[str, ...] = (
+    "X-Workflow-Id",
+    "X-Session-Id",
+    "X-Claude-Code-Session-Id",
+    "X-Agent-Session-Id",
+    "X-Conversation-Id",
+    "Session_Id",
+    "Session-Id",
+    "Conversation_Id",
+)
+_MAX_ID_CHARS = 128
+_SAFE_ID = re.compile(r"^[A-Za-z0-9_.:@/+=-]{1,128}$")
+#: Rough characters per token, to estimate prompt size before any tokenizer sees it.
+_CHARS_PER_TOKEN = 4
+_PER_MESSAGE_TOKENS = 4
+_DEFAULT_MAX_TOKENS = 256
+
+
+class ApiKind:
+    """The two generation APIs the gateway proxies (upstream path is the same)."""
+
+    CHAT = "/v1/chat/completions"
+    COMPLETIONS = "/v1/completions"
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """The authenticated caller and the priorities its key allows."""
+
+    tenant: str
+    default_priority: PriorityClass
+    max_priority: PriorityClass
+
+
+@dataclass(frozen=True, slots=True)
+class RequestContext:
+    """One call as the gateway sees it after parsing: headers, caller and body essentials."""
+
+    request_id: str
+    tenant: str
+    priority: PriorityClass
+    arrival_s: float
+    model: str
+    path: str
+    stream: bool
+    client_wants_usage: bool
+    num_prompt_tokens: int
+    max_tokens: int
+    deadline_s: float | None
+    ttft_budget_s: float | None
+    workflow_id: str | None
+    workflow_step: int | None
+    workflow_steps: int | None
+
+
+class Authenticator:
+    """Maps API keys to callers through their SHA-256 (keys themselves are never stored)."""
+
+    def __init__(self, auth: AuthConfig) -> None:
+        self._anonymous = auth.mode == "anonymous"
+        self._anon = Caller(auth.anonymous_tenant, PriorityClass.STANDARD, PriorityClass.CRITICAL)
+        self._by_hash = {
+            k.key_sha256: Caller(k.tenant, k.default_priority, k.max_priority) for k in auth.keys
+        }
+
+    def caller(self, headers: Mapping[str, str]) -> Caller:
+        key = _api_key(headers)
+        if key is not None:
+            found = self._by_hash.get(hashlib.sha256(key.encode()).hexdigest())
+            if found is not None:
+                return found
+        if self._anonymous:
+            return self._anon
+        if key is None:
+            raise ApiError(401, "missing API key (Authorization: Bearer <key>)", code="no_api_key")
+        raise ApiError(401, "incorrect API key provided", code="invalid_api_key")
+
+
+def _api_key(headers: Mapping[str, str]) -> str | None:
+    auth = headers.get("Authorization")
+    if auth:
+        scheme, _, value = auth.partition(" ")
+        if scheme.lower() == "bearer" and value.strip():
+            return value.strip()
+    for name in ("X-Api-Key", "Api-Key"):
+        other = headers.get(name)
+        if other:
+            return other.strip()
+    return None
+
+
+def request_id_from(headers: Mapping[str, str]) -> str:
+    """The caller's X-Request-Id when it is a sane token, else a fresh one."""
+    given = headers.get("X-Request-Id")
+    if given and _SAFE_ID.match(given):
+        return given
+    return uuid.uuid4().hex
+
+
+def _positive_ms(headers: Mapping[str, str], name: str) -> float | None:
+    raw = headers.get(name)
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not (0 < value < 1e9):
+        raise ApiError(400, f"{name} must be a positive number of milliseconds", param=name)
+    return value / 1000.0
+
+
+def _non_negative_int(headers: Mapping[str, str], name: str) -> int | None:
+    raw = headers.get(name)
+    if raw is None:
+        return None
+    if not raw.strip().isdigit() or len(raw) > 9:
+        raise ApiError(400, f"{name} must be a non-negative integer", param=name)
+    return int(raw)
+
+
+def _priority(headers: Mapping[str, str], caller: Caller) -> PriorityClass:
+    raw = headers.get("X-Priority")
+    if raw is None:
+        return caller.default_priority
+    try:
+        asked = PriorityClass(raw.strip().lower())
+    except ValueError:
+        names = ", ".join(p.value for p in PriorityClass)
+        raise ApiError(400, f"X-Priority must be one of {names}", param="X-Priority") from None
+    # A key may not raise itself above its ceiling; it is clamped, not refused.
+    return asked if asked.rank >= caller.max_priority.rank else caller.max_priority
+
+
+def _workflow_id(headers: Mapping[str, str]) -> str | None:
+    for name in WORKFLOW_HEADERS:
+        value = headers.get(name)
+        if value is not None:
+            value = value.strip()
+            if not value or len(value) > _MAX_ID_CHARS or not value.isprintable():
+                raise ApiError(400, f"{name} must be 1-{_MAX_ID_CHARS} printable chars", param=name)
+            return value
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class HeaderContext:
+    """What the headers say, before the body is read."""
+
+    request_id: str
+    caller: Caller
+    priority: PriorityClass
+    deadline_s: float | None
+    ttft_budget_s: float | None
+    workflow_id: str | None
+    workflow_step: int | None
+    workflow_steps: int | None
+
+
+def parse_headers(headers: Mapping[str, str], auth: Authenticator, now: float) -> HeaderContext:
+    """Authenticate and read the context headers (raises ApiError 401/400)."""
+    request_id = request_id_from(headers)
+    caller = auth.caller(headers)
+    deadline_ms = _positive_ms(headers, "X-Deadline-Ms")
+    return HeaderContext(
+        request_id=request_id,
+        caller=caller,
+        priority=_priority(headers, caller),
+        deadline_s=None if deadline_ms is None else now + deadline_ms,
+        ttft_budget_s=_positive_ms(headers, "X-TTFT-Budget-Ms"),
+        workflow_id=_workflow_id(headers),
+        workflow_step=_non_negative_int(headers, "X-Workflow-Step"),
+        workflow_steps=_non_negative_int(headers, "X-Workflow-Steps"),
+    )
+
+
+def parse_json_object(raw: bytes) -> dict[str, Any]:
+    """The request body as a JSON object, or a 400 saying why not."""
+    if not raw:
+        raise ApiError(400, "request body is empty; expected a JSON object")
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise ApiError(400, f"request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "request body must be a JSON object")
+    return body
+
+
+def _expect(body: Mapping[str, Any], name: str, types: tuple[type, ...], what: str) -> Any:
+    value = body.get(name)
+    if value is None:
+        return None
+    # bool is an int subclass: accept it only where bool itself is asked for.
+    if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+        raise ApiError(400, f"'{name}' must be {what}", param=name, code="invalid_type")
+    return value
+
+
+def _text_tokens(content: Any, param: str) -> int:
+    if content is None:
+        return 0
+    if isinstance(content, str):
+        return len(content) // _CHARS_PER_TOKEN + 1
+    if isinstance(content, list):
+        total = 0
+        for part in content:
+            if not isinstance(part, dict):
+                raise ApiError(400, f"'{param}' parts must be objects", param=param)
+            text = part.get("text")
+            total += len(text) // _CHARS_PER_TOKEN + 1 if isinstance(text, str) else 1
+        return total
+    raise ApiError(400, f"'{param}' must be a string or a list of parts", param=param)
+
+
+def _chat_prompt_tokens(body: Mapping[str, Any]) -> int:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(400, "'messages' must be a non-empty array", param="messages")
+    total = 0
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
+            raise ApiError(400, f"messages[{i}] needs a string 'role'", param=f"messages[{i}]")
+        total += _PER_MESSAGE_TOKENS + _text_tokens(msg.get("content"), f"messages[{i}].content")
+    return total
+
+
+def _completion_prompt_tokens(body: Mapping[str, Any]) -> int:
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return len(prompt) // _CHARS_PER_TOKEN + 1
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            return len(prompt)
+        if all(isinstance(p, str) for p in prompt):
+            return sum(len(p) // _CHARS_PER_TOKEN + 1 for p in prompt)
+        if all(isinstance(p, list) for p in prompt):
+            return sum(len(p) for p in prompt)
+    raise ApiError(
+        400, "'prompt' must be a string, a list of strings or a list of token ids", param="prompt"
+    )
+
+
+def parse_body(path: str, body: Mapping[str, Any]) -> tuple[str, bool, bool, int, int]:
+    """(model, stream, client_wants_usage, prompt tokens estimate, max tokens) of a body."""
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise ApiError(400, "'model' must be a non-empty string", param="model")
+    stream = bool(_expect(body, "stream", (bool,), "a boolean"))
+    options = _expect(body, "stream_options", (dict,), "an object")
+    wants_usage = False
+    if options is not None:
+        wants_usage = bool(_expect(options, "include_usage", (bool,), "a boolean"))
+    limit = _expect(body, "max_completion_tokens", (int,), "an integer")
+    if limit is None:
+        limit = _expect(body, "max_tokens", (int,), "an integer")
+    if limit is not None and limit < 1:
+        raise ApiError(400, "'max_tokens' must be at least 1", param="max_tokens")
+    _expect(body, "n", (int,), "an integer")
+    _expect(body, "temperature", (int, float), "a number")
+    _expect(body, "top_p", (int, float), "a number")
+    if path == ApiKind.CHAT:
+        prompt_tokens = _chat_prompt_tokens(body)
+    else:
+        prompt_tokens = _completion_prompt_tokens(body)
+    return model, stream, wants_usage, prompt_tokens, limit or _DEFAULT_MAX_TOKENS
+
+
+def upstream_body(raw: bytes, body: dict[str, Any], model: str, stream: bool) -> bytes:
+    """The bytes to send upstream: the client's own when possible, else re-encoded once.
+
+    Re-encoding happens only when the served model name differs (a route alias) or a stream
+    must ask for usage (``include_usage``) that the client did not request.
+    """
+    needs_usage = stream and not (body.get("stream_options") or {}).get("include_usage")
+    if body.get("model") == model and not needs_usage:
+        return raw
+    out = dict(body)
+    out["model"] = model
+    if needs_usage:
+        out["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+    return orjson.dumps(out)

@@ -1,0 +1,94 @@
+"""The gateway's own Prometheus metrics (prefix ``inferplane_``), one registry per app.
+
+Latency histograms per model and priority class (TTFT, time between tokens, end to end),
+request and reject counters, token counters, per-endpoint state and in-flight gauges, and the
+fleet spend from the accountant. Per-endpoint and spend gauges are refreshed when /metrics is
+scraped (``refresh``), so the request path only pays for a few histogram observations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from inferplane.core.types import EndpointState
+
+_LATENCY_BUCKETS_S = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+)  # fmt: skip
+_TBT_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 5.0)
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class GatewayMetrics:
+    """All gateway series, registered in a private registry (tests run many gateways)."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        lp = ("model", "priority")
+        self.ttft = Histogram(
+            "inferplane_ttft_seconds", "Time to first token.", lp, buckets=_LATENCY_BUCKETS_S,
+            registry=r,
+        )  # fmt: skip
+        self.tbt = Histogram(
+            "inferplane_tbt_seconds", "Time between streamed tokens.", lp,
+            buckets=_TBT_BUCKETS_S, registry=r,
+        )  # fmt: skip
+        self.e2e = Histogram(
+            "inferplane_e2e_seconds", "End-to-end request latency.", lp,
+            buckets=_LATENCY_BUCKETS_S, registry=r,
+        )  # fmt: skip
+        self.requests = Counter(
+            "inferplane_requests", "Requests finished, by outcome.",
+            ("model", "priority", "status"), registry=r,
+        )  # fmt: skip
+        self.rejects = Counter(
+            "inferplane_rejects", "Requests refused by the gateway, by reason.", ("reason",),
+            registry=r,
+        )  # fmt: skip
+        self.retries = Counter(
+            "inferplane_retries", "Attempts re-sent to another endpoint.", ("reason",), registry=r
+        )
+        self.tokens = Counter(
+            "inferplane_tokens", "Tokens served, by kind (prompt, cached, completion).",
+            ("model", "kind"), registry=r,
+        )  # fmt: skip
+        self.endpoint_state = Gauge(
+            "inferplane_endpoint_state", "1 for the endpoint's current state.",
+            ("endpoint", "state"), registry=r,
+        )  # fmt: skip
+        self.endpoint_in_flight = Gauge(
+            "inferplane_endpoint_in_flight", "Gateway requests outstanding per endpoint.",
+            ("endpoint",), registry=r,
+        )  # fmt: skip
+        self.spend = Gauge(
+            "inferplane_spend_usd", "Fleet spend since start, by category.", ("category",),
+            registry=r,
+        )  # fmt: skip
+        self.tasks = Gauge(
+            "inferplane_tasks", "Tasks (workflows and single calls) by outcome.", ("outcome",),
+            registry=r,
+        )  # fmt: skip
+        self.cost_per_success = Gauge(
+            "inferplane_cost_per_successful_task_usd", "Fleet spend / successful tasks.",
+            registry=r,
+        )  # fmt: skip
+
+    def refresh_endpoints(self, states: Iterable[tuple[str, EndpointState, int]]) -> None:
+        for name, state, in_flight in states:
+            for s in EndpointState:
+                self.endpoint_state.labels(name, s.value).set(1.0 if s is state else 0.0)
+            self.endpoint_in_flight.labels(name).set(in_flight)
+
+    def refresh_spend(
+        self, spend_usd: Mapping[str, float], tasks: Mapping[str, int], cost_per_success: float
+    ) -> None:
+        for category, usd in spend_usd.items():
+            self.spend.labels(category).set(usd)
+        for outcome, count in tasks.items():
+            self.tasks.labels(outcome).set(count)
+        self.cost_per_success.set(cost_per_success)
+
+    def render(self) -> bytes:
+        return bytes(generate_latest(self.registry))

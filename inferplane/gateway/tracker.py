@@ -1,0 +1,238 @@
+"""Endpoint tracking: what the gateway knows about each engine, as EndpointViews for the core.
+
+Each endpoint has one :class:`EndpointState`, its latest scraped load and the gateway's own
+count of requests outstanding there. Two loops per endpoint keep this fresh: a metrics scrape
+every ``scrape_interval_s`` (vLLM, SGLang or TensorRT-LLM names, see ``exposition``) and a
+health check every ``health_interval_s``. The health state machine:
+
+- COLD -> READY on the first healthy check after the gateway starts (the fleet was up);
+- COLD -> WARMING when an endpoint that was seen healthy comes back, then READY after
+  ``warmup_s`` (the routing core gives warming endpoints a ramped share);
+- READY/WARMING -> COLD after ``unhealthy_after`` failed checks, or at once when the proxy
+  cannot even connect;
+- DRAINING and EJECTED are set by an operator or the reliability layer and only left
+  through :meth:`EndpointTracker.set_state`.
+
+Load older than ``stale_after_s`` is not trusted: the view then carries zero engine counts
+(its ``observed_at_s`` still shows the age) so routing falls back to in-flight counts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from inferplane.config import EndpointConfig, GatewayConfig
+from inferplane.core.types import EndpointInfo, EndpointLoad, EndpointState, EndpointView
+from inferplane.gateway.exposition import parse_engine_metrics, scrapes_metrics
+
+log = logging.getLogger("inferplane.gateway.tracker")
+
+StateListener = Callable[[str, EndpointState, float], None]
+
+
+@dataclass(slots=True)
+class _Tracked:
+    """Mutable tracking record of one endpoint (owned by the tracker alone)."""
+
+    info: EndpointInfo
+    metrics_url: str
+    health_url: str
+    state: EndpointState = EndpointState.COLD
+    state_since_s: float = 0.0
+    load: EndpointLoad = field(default_factory=EndpointLoad)
+    in_flight: int = 0
+    failed_checks: int = 0
+    seen_healthy: bool = False
+    scrapes_ok: int = 0
+    scrapes_failed: int = 0
+
+
+class EndpointTracker:
+    """Owns every endpoint's state, load and in-flight count; builds views for routing."""
+
+    def __init__(
+        self,
+        endpoints: Sequence[EndpointConfig],
+        gateway: GatewayConfig,
+        clock: Callable[[], float],
+        listener: StateListener | None = None,
+    ) -> None:
+        self._cfg = gateway
+        self._clock = clock
+        self._listener = listener
+        now = clock()
+        self._eps: dict[str, _Tracked] = {}
+        for ep in endpoints:
+            info = ep.info()
+            self._eps[info.name] = _Tracked(
+                info=info,
+                metrics_url=info.url + ep.metrics_path,
+                health_url=info.url + ep.health_path,
+                state_since_s=now,
+            )
+        self._tasks: list[asyncio.Task[None]] = []
+        self._session: aiohttp.ClientSession | None = None
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    async def start(self, session: aiohttp.ClientSession) -> None:
+        """Check health once (so a healthy fleet is READY at once), then poll in background."""
+        self._session = session
+        await asyncio.gather(*(self._check_health(t) for t in self._eps.values()))
+        for tracked in self._eps.values():
+            self._tasks.append(asyncio.create_task(self._health_loop(tracked)))
+            if scrapes_metrics(tracked.info.kind):
+                self._tasks.append(asyncio.create_task(self._scrape_loop(tracked)))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+
+    # ---- what others read and report --------------------------------------------------------
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._eps)
+
+    def info(self, name: str) -> EndpointInfo:
+        return self._eps[name].info
+
+    def state(self, name: str) -> EndpointState:
+        return self._eps[name].state
+
+    def in_flight(self, name: str) -> int:
+        return self._eps[name].in_flight
+
+    def views(self, now: float, model: str | None = None) -> list[EndpointView]:
+        """Snapshots of the endpoints (only those serving ``model`` when given)."""
+        out = []
+        stale_after = self._cfg.stale_after_s
+        for t in self._eps.values():
+            if model is not None and model not in t.info.models:
+                continue
+            load = t.load
+            if load.observed_at_s is not None and now - load.observed_at_s > stale_after:
+                load = EndpointLoad(observed_at_s=load.observed_at_s)
+            out.append(EndpointView(t.info, t.state, load, t.in_flight, t.state_since_s))
+        return out
+
+    def acquire(self, name: str) -> None:
+        self._eps[name].in_flight += 1
+
+    def release(self, name: str) -> None:
+        tracked = self._eps[name]
+        tracked.in_flight = max(0, tracked.in_flight - 1)
+
+    def report_connect_error(self, name: str) -> None:
+        """The proxy could not connect: take the endpoint out until health says otherwise."""
+        tracked = self._eps[name]
+        if tracked.state.accepts_work:
+            self._set(tracked, EndpointState.COLD, self._clock(), "connect error")
+
+    def set_state(self, name: str, state: EndpointState) -> None:
+        """Operator or reliability decision (e.g. DRAINING, EJECTED, back to READY)."""
+        self._set(self._eps[name], state, self._clock(), "set explicitly")
+
+    def stats(self, now: float) -> list[dict[str, object]]:
+        """JSON-able per-endpoint tracking state for /v1/stats."""
+        return [
+            {
+                "name": t.info.name,
+                "gpu": t.info.gpu,
+                "models": list(t.info.models),
+                "price_per_hour_usd": t.info.price_per_hour_usd,
+                "state": t.state.value,
+                "state_for_s": round(now - t.state_since_s, 3),
+                "in_flight": t.in_flight,
+                "num_waiting": t.load.num_waiting,
+                "num_running": t.load.num_running,
+                "kv_usage": round(t.load.kv_usage, 4),
+                "load_age_s": None if t.load.observed_at_s is None else round(t.load.age_s(now), 3),
+                "scrapes_ok": t.scrapes_ok,
+                "scrapes_failed": t.scrapes_failed,
+            }
+            for t in self._eps.values()
+        ]
+
+    # ---- loops -----------------------------------------------------------------------------
+
+    def _set(self, t: _Tracked, state: EndpointState, now: float, why: str) -> None:
+        if t.state is state:
+            return
+        log.info(
+            "endpoint state",
+            extra={"endpoint": t.info.name, "from": t.state.value, "to": state.value, "why": why},
+        )
+        t.state = state
+        t.state_since_s = now
+        if self._listener is not None:
+            self._listener(t.info.name, state, now)
+
+    async def _health_loop(self, t: _Tracked) -> None:
+        while True:
+            await asyncio.sleep(self._cfg.health_interval_s)
+            await self._check_health(t)
+
+    async def _check_health(self, t: _Tracked) -> None:
+        assert self._session is not None
+        timeout = aiohttp.ClientTimeout(total=self._cfg.health_timeout_s)
+        try:
+            async with self._session.get(t.health_url, timeout=timeout) as resp:
+                await resp.read()
+                healthy = resp.status == 200
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            healthy = False
+        self._on_health(t, healthy, self._clock())
+
+    def _on_health(self, t: _Tracked, healthy: bool, now: float) -> None:
+        if t.state in (EndpointState.DRAINING, EndpointState.EJECTED):
+            return
+        if not healthy:
+            t.failed_checks += 1
+            if t.state.accepts_work and t.failed_checks >= self._cfg.unhealthy_after:
+                self._set(t, EndpointState.COLD, now, "health check failed")
+            return
+        t.failed_checks = 0
+        if t.state is EndpointState.COLD:
+            came_back = t.seen_healthy and self._cfg.warmup_s > 0
+            self._set(
+                t, EndpointState.WARMING if came_back else EndpointState.READY, now, "healthy"
+            )
+        elif t.state is EndpointState.WARMING and now - t.state_since_s >= self._cfg.warmup_s:
+            self._set(t, EndpointState.READY, now, "warm-up done")
+        t.seen_healthy = True
+
+    async def _scrape_loop(self, t: _Tracked) -> None:
+        while True:
+            await self._scrape(t)
+            await asyncio.sleep(self._cfg.scrape_interval_s)
+
+    async def _scrape(self, t: _Tracked) -> None:
+        assert self._session is not None
+        timeout = aiohttp.ClientTimeout(total=max(self._cfg.scrape_interval_s * 5, 0.5))
+        try:
+            async with self._session.get(t.metrics_url, timeout=timeout) as resp:
+                if resp.status != 200:
+                    raise aiohttp.ClientResponseError(resp.request_info, (), status=resp.status)
+                text = await resp.text(errors="replace")
+        except (aiohttp.ClientError, TimeoutError, OSError, UnicodeError):
+            t.scrapes_failed += 1
+            return
+        sample = parse_engine_metrics(text, t.info.kind)
+        old = t.load
+        t.load = EndpointLoad(
+            num_waiting=old.num_waiting if sample.num_waiting is None else sample.num_waiting,
+            num_running=old.num_running if sample.num_running is None else sample.num_running,
+            kv_usage=old.kv_usage if sample.kv_usage is None else sample.kv_usage,
+            observed_at_s=self._clock(),
+        )
+        t.scrapes_ok += 1
