@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -20,6 +21,14 @@ async def _post(url: str, body: Any, headers: dict[str, str] | None = None) -> t
         async with s.post(url, data=data, headers=headers or {}) as r:
             raw = await r.read()
             return r.status, r.headers, raw
+
+
+async def _until(cond: Callable[[], bool], timeout_s: float = 2.0) -> None:
+    for _ in range(int(timeout_s / 0.02)):
+        if cond():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("condition not met in time")
 
 
 def _sse_events(raw: bytes) -> list[bytes]:
@@ -65,14 +74,17 @@ async def test_stream_usage_is_stripped_unless_asked() -> None:
 async def test_retry_to_next_endpoint_on_5xx_before_first_byte() -> None:
     async with fake_engines(2) as engines, running_gateway(fleet_config(engines)) as (gw, url):
         engines[0].mode = "error500"
-        for _ in range(8):
+        engines[1].waiting = 5  # e0 looks least loaded, so it is always tried first
+        await _until(lambda: gw.tracker.views(gw.clock())[1].load.num_waiting == 5)
+        for _ in range(4):
             status, headers, _ = await _post(url + "/v1/chat/completions", CHAT)
             assert status == 200
             assert headers["X-Inferplane-Endpoint"] == "e1"
-        assert engines[1].completed == 8
-        # The tie-breaker is seeded, so e0 was tried (and failed over) at least once.
-        assert engines[0].bodies
-        assert gw.recorder.snapshot(gw.clock()).retry_usd >= 0.0
+        assert engines[1].completed == 4
+        assert len(engines[0].bodies) == 4  # each call failed over from e0 to e1
+        assert 'inferplane_retries_total{reason="upstream_error"} 4.0' in (
+            gw.recorder.metrics.render().decode()
+        )
         # Both broken: a clean 502 in OpenAI's shape, not a 500.
         engines[1].mode = "error500"
         status, _, raw = await _post(url + "/v1/chat/completions", CHAT)
