@@ -1,15 +1,40 @@
-"""Baseline routing: least-loaded over the endpoints that can take the call.
+"""The routing pipeline: filter, predict, score along every axis, pick; and moving the work.
 
-This is the seam the gateway and the simulator call; the seven-axis pipeline of the routing
-issue replaces the scoring behind the same ``route`` signature. Pure: the RNG only breaks
-ties, so the same inputs and seed give the same decision.
+``route(call, endpoints, now, rng, ...)`` is the seam the gateway and the simulator call:
+
+1. filters (:mod:`inferplane.core.filters`): model served, state accepts work, context
+   fits, not excluded;
+2. predictions (:mod:`inferplane.core.predictor`): TTFT and TPOT of this call on each
+   candidate, given what its prefix cache already holds (prefix index match, or for a
+   workflow's previous endpoint without prefix data, an assumed reuse share);
+3. the warm filter: latency-bound calls skip warming replicas while a ready one meets
+   their budget;
+4. scorers (:mod:`inferplane.core.scorers`), weighted per pool, mean in [0, 1];
+5. the picker: max score, ties broken by a seeded hash of the endpoint name (so the ranking
+   does not depend on the order endpoints are listed in), or with a softmax temperature the
+   primary drawn at random in proportion to exp(score / T).
+
+The answer ranks every candidate (primary, then fallbacks for failover) with per-axis
+scores and reasons. ``choose_target`` moves the work between models of a route: the first
+target whose best endpoint meets the budget, else the best prediction overall.
+``least_loaded`` is the baseline kept for comparison. Pure: the RNG and ``now`` are inputs.
 """
 
 from __future__ import annotations
 
+import bisect
+import hashlib
+import itertools
+import math
 import random
-from collections.abc import Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
 
+from inferplane.core.filters import apply_filters, prefer_warm
+from inferplane.core.predictor import LatencyEstimate, LatencyPredictor
+from inferplane.core.routing_config import RoutingConfig
+from inferplane.core.scorers import ScoringContext, budget_use, load_of, score_all
 from inferplane.core.types import (
     AxisScore,
     CallContext,
@@ -18,30 +43,195 @@ from inferplane.core.types import (
     RouteDecision,
 )
 
+__all__ = [
+    "PrefixMatcher",
+    "TargetChoice",
+    "choose_target",
+    "eligible",
+    "least_loaded",
+    "load_of",
+    "route",
+]
+
+_DEFAULT_CONFIG = RoutingConfig()
+_MAX_LISTED_REFUSALS = 4
+
+
+class PrefixMatcher(Protocol):
+    """What routing needs of a prefix index: leading blocks of ``keys`` held per endpoint."""
+
+    def match(self, keys: Sequence[int], endpoints: Iterable[str]) -> dict[str, int]: ...
+
 
 def eligible(call: CallContext, endpoints: Sequence[EndpointView]) -> list[EndpointView]:
-    """Endpoints that serve the model, accept work and whose context fits the call."""
-    out = []
-    for ep in endpoints:
-        if not ep.serves(call.model) or not ep.state.accepts_work:
-            continue
-        limit = ep.info.max_model_len
-        if limit is not None and call.num_prompt_tokens + 1 > limit:
-            continue
-        out.append(ep)
-    return out
-
-
-def load_of(ep: EndpointView) -> float:
-    """Outstanding work: the larger of what the gateway sent and what the engine reports."""
-    engine_reported = ep.load.num_waiting + ep.load.num_running
-    return float(max(ep.in_flight, engine_reported))
+    """Endpoints that pass the stage-one filters."""
+    return apply_filters(call, endpoints)[0]
 
 
 def route(
+    call: CallContext,
+    endpoints: Sequence[EndpointView],
+    now: float,
+    rng: random.Random,
+    *,
+    config: RoutingConfig | None = None,
+    predictor: LatencyPredictor | None = None,
+    prefix_index: PrefixMatcher | None = None,
+    affinity_endpoint: str | None = None,
+    exclude: Collection[str] = (),
+) -> RouteDecision:
+    """Rank the endpoints that can take ``call``, best first, with per-axis reasons.
+
+    Without a predictor a fresh one (priors only, uncalibrated) is used; without a prefix
+    index the KV-cache axis is neutral. ``exclude`` names endpoints already tried.
+    """
+    cfg = config or _DEFAULT_CONFIG
+    pred = predictor or LatencyPredictor(cfg.predictor)
+    candidates, refused = apply_filters(call, endpoints, exclude)
+    if not candidates:
+        why = _refusals(refused)
+        return RouteDecision((), f"no endpoint can serve model {call.model!r}{why}")
+    cached, has_prefix = _cached_tokens(call, candidates, cfg, prefix_index, affinity_endpoint)
+    estimates: dict[str, LatencyEstimate] = {}
+    meets: dict[str, bool] = {}
+    for view in candidates:
+        uncached = call.num_prompt_tokens - cached[view.name]
+        estimates[view.name] = pred.predict(view, call.model, uncached, now)
+        use = budget_use(call, estimates[view.name], now, cfg)
+        meets[view.name] = use is None or use <= 1.0
+    candidates, dropped = prefer_warm(call, candidates, meets)
+    names = {v.name for v in candidates}
+    ctx = ScoringContext(
+        call=call,
+        now=now,
+        cfg=cfg,
+        estimates={n: e for n, e in estimates.items() if n in names},
+        cached_tokens=cached,
+        saved_s={v.name: pred.prefill_s(v, call.model, cached[v.name], now) for v in candidates},
+        usd_per_token={v.name: _usd_per_token(v, call.model, pred, now) for v in candidates},
+        affinity_endpoint=affinity_endpoint,
+        has_prefix_data=has_prefix,
+    )
+    scored = score_all(ctx, candidates, cfg.weights_for(call.model).as_dict())
+    order = _pick(scored, rng, cfg.softmax_temperature)
+    ranked = tuple(
+        RankedEndpoint(n, scored[n][0], scored[n][1], estimates[n].ttft_s, meets[n]) for n in order
+    )
+    return RouteDecision(ranked, _reason(ranked[0], refused + dropped, cfg.softmax_temperature))
+
+
+def _cached_tokens(
+    call: CallContext,
+    views: Sequence[EndpointView],
+    cfg: RoutingConfig,
+    prefix_index: PrefixMatcher | None,
+    affinity_endpoint: str | None,
+) -> tuple[dict[str, int], bool]:
+    """Prompt tokens each candidate already caches, and whether prefix data was used."""
+    prompt = max(0, call.num_prompt_tokens)
+    cached = dict.fromkeys((v.name for v in views), 0)
+    if prefix_index is not None and call.prompt_block_keys:
+        blocks = prefix_index.match(call.prompt_block_keys, list(cached))
+        for name in cached:
+            cached[name] = min(prompt, max(0, blocks.get(name, 0)) * cfg.block_size)
+        return cached, True
+    if affinity_endpoint in cached:
+        cached[affinity_endpoint] = int(prompt * cfg.affinity_reuse_fraction)
+    return cached, False
+
+
+def _usd_per_token(view: EndpointView, model: str, pred: LatencyPredictor, now: float) -> float:
+    usd_per_s = view.info.price_per_hour_usd / 3600.0
+    return usd_per_s / pred.throughput_tokens_per_s(view, model, now)
+
+
+def _tie_key(salt: bytes, name: str) -> bytes:
+    return hashlib.blake2b(name.encode("utf-8"), digest_size=8, key=salt).digest()
+
+
+def _pick(
+    scored: Mapping[str, tuple[float, tuple[AxisScore, ...]]],
+    rng: random.Random,
+    temperature: float,
+) -> list[str]:
+    """Names best first; equal scores in a seeded order that ignores the input order."""
+    salt = rng.getrandbits(64).to_bytes(8, "big")
+    order = sorted(scored, key=lambda n: (-round(scored[n][0], 9), _tie_key(salt, n)))
+    if temperature <= 0 or len(order) < 2:
+        return order
+    top = scored[order[0]][0]
+    weights = [math.exp((scored[n][0] - top) / temperature) for n in order]
+    cumulative = list(itertools.accumulate(weights))
+    index = min(bisect.bisect_right(cumulative, rng.random() * cumulative[-1]), len(order) - 1)
+    return [order[index], *order[:index], *order[index + 1 :]]
+
+
+def _refusals(refused: Sequence[tuple[str, str]]) -> str:
+    if not refused:
+        return ""
+    listed = ", ".join(f"{n}: {r}" for n, r in refused[:_MAX_LISTED_REFUSALS])
+    more = len(refused) - _MAX_LISTED_REFUSALS
+    return f"; filtered {listed}" + (f" (+{more} more)" if more > 0 else "")
+
+
+def _reason(primary: RankedEndpoint, refused: Sequence[tuple[str, str]], temp: float) -> str:
+    best = sorted(primary.axes, key=lambda a: -a.score)[:3]
+    axes = ", ".join(f"{a.axis} {a.score:.2f}" for a in best)
+    picker = f"softmax T={temp:g}" if temp > 0 else "max score"
+    return f"{picker}: {primary.name} {primary.score:.2f} ({axes}){_refusals(refused)}"
+
+
+@dataclass(frozen=True, slots=True)
+class TargetChoice:
+    """Which model of a route serves the call, its routing decision, and why."""
+
+    model: str | None
+    decision: RouteDecision
+    fell_back: bool
+    reason: str
+
+
+def choose_target(
+    targets: Sequence[str], decisions: Mapping[str, RouteDecision], allow_fallback: bool = True
+) -> TargetChoice:
+    """Moving the work: the first target (in route order) whose best endpoint meets the
+    budget; if none does, the target with the best predicted TTFT. Without
+    ``allow_fallback`` only the first target is considered."""
+    tried = list(targets if allow_fallback else targets[:1])
+    misses: list[str] = []
+    for i, model in enumerate(tried):
+        decision = decisions.get(model)
+        if decision is None or not decision.ranked:
+            misses.append(f"{model}: no endpoint")
+            continue
+        best = decision.ranked[0]
+        if best.meets_budget:
+            why = "; ".join(misses)
+            reason = f"target {model}" + (f" (fallback: {why})" if i else "")
+            return TargetChoice(model, decision, i > 0, reason)
+        misses.append(f"{model}: misses budget (TTFT {_fmt_s(best.predicted_ttft_s)})")
+    usable = [(m, decisions[m]) for m in tried if m in decisions and decisions[m].ranked]
+    if not usable:
+        why = "; ".join(misses) or "no targets"
+        return TargetChoice(None, RouteDecision((), f"no target can serve: {why}"), False, why)
+    model, decision = min(usable, key=lambda md: _ttft_key(md[1]))
+    reason = f"no target meets the budget ({'; '.join(misses)}); best TTFT on {model}"
+    return TargetChoice(model, decision, model != tried[0], reason)
+
+
+def _ttft_key(decision: RouteDecision) -> float:
+    ttft = decision.ranked[0].predicted_ttft_s
+    return math.inf if ttft is None else ttft
+
+
+def _fmt_s(value: float | None) -> str:
+    return "unknown" if value is None else f"{value:.3f}s"
+
+
+def least_loaded(
     call: CallContext, endpoints: Sequence[EndpointView], now: float, rng: random.Random
 ) -> RouteDecision:
-    """Rank eligible endpoints by load (fewest outstanding first), ties broken at random."""
+    """Baseline: eligible endpoints by load (fewest outstanding first), ties at random."""
     candidates = eligible(call, endpoints)
     if not candidates:
         return RouteDecision((), f"no endpoint can serve model {call.model!r}")

@@ -132,6 +132,8 @@ class RankedEndpoint:
     name: str
     score: float
     axes: tuple[AxisScore, ...] = ()
+    predicted_ttft_s: float | None = None  # None: no prediction was made
+    meets_budget: bool = True  # the prediction fits the call's latency budget (or none set)
 
 
 @dataclass(frozen=True, slots=True)

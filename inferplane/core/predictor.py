@@ -1,0 +1,214 @@
+"""The latency predictor: expected TTFT and time per output token of a call on an endpoint.
+
+Routing asks it whether an endpoint meets a call's latency budget and how much waiting an
+affine endpoint would cost; admission asks it whether a call can meet its deadline at all.
+
+Model (per endpoint, from a prior of the endpoint's hardware, calibrated online):
+
+* TTFT = wait + own prefill. Own prefill is the call's uncached prompt tokens over the
+  prefill rate. Wait is the uncached prefill work queued ahead (what this predictor saw
+  dispatched there and not yet started streaming, or, when the engine reports a longer
+  queue, its waiting count times the mean uncached prompt) over the same rate, plus decode
+  interference: running decodes take a share of every chunked-prefill step and add their
+  per-sequence cost to each chunk.
+* TPOT = base + per-sequence cost x batch + full-KV read cost x KV usage.
+
+Calibration: each observed TTFT (TPOT) divided by the uncalibrated prediction made at
+dispatch is a ratio; a per-endpoint factor follows those ratios as an EWMA in log space, each
+ratio clipped to within ``clip_ratio`` of the current factor (so one outlier moves it by a
+bounded step), and decays toward 1 (the prior) with a half-life when unobserved. Pure: no
+clock; ``now`` is passed in.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from inferplane.core.routing_config import EndpointPrior, PredictorConfig
+from inferplane.core.types import EndpointView
+
+_INITIAL_MEAN_UNCACHED_TOKENS = 512.0
+
+
+@dataclass(frozen=True, slots=True)
+class LatencyEstimate:
+    """A prediction for one call on one endpoint (seconds)."""
+
+    ttft_s: float  # wait_s + prefill_s
+    tpot_s: float
+    wait_s: float  # queued prefill ahead + decode interference
+    prefill_s: float  # the call's own uncached prefill
+    raw_ttft_s: float  # before calibration (kept to calibrate against the observation)
+    raw_tpot_s: float
+
+    def e2e_s(self, num_output_tokens: int) -> float:
+        return self.ttft_s + self.tpot_s * max(0, num_output_tokens - 1)
+
+
+class _Factor:
+    """A calibration factor: log-space clipped EWMA that decays toward 1."""
+
+    __slots__ = ("last_s", "log_f")
+
+    def __init__(self) -> None:
+        self.log_f = 0.0
+        self.last_s: float | None = None
+
+    def value(self, now: float, half_life_s: float) -> float:
+        if self.last_s is None:
+            return 1.0
+        age_s = max(0.0, now - self.last_s)
+        return math.exp(self.log_f * 0.5 ** (age_s / half_life_s))
+
+    def update(self, ratio: float, now: float, cfg: PredictorConfig) -> None:
+        if not math.isfinite(ratio) or ratio <= 0:
+            return
+        current = math.log(self.value(now, cfg.half_life_s))
+        clip = math.log(cfg.clip_ratio)
+        target = min(max(math.log(ratio), current - clip), current + clip)
+        blended = (1 - cfg.ewma_alpha) * current + cfg.ewma_alpha * target
+        self.log_f = min(max(blended, math.log(cfg.min_factor)), math.log(cfg.max_factor))
+        self.last_s = now if self.last_s is None else max(self.last_s, now)
+
+
+@dataclass(slots=True)
+class _Pending:
+    endpoint: str
+    num_tokens: int
+    raw_ttft_s: float
+    raw_tpot_s: float
+    started: bool = False  # first token seen: no longer queued prefill work
+
+
+class LatencyPredictor:
+    """Per-endpoint TTFT/TPOT predictions with online calibration (module docstring)."""
+
+    def __init__(self, config: PredictorConfig | None = None) -> None:
+        self.config = config or PredictorConfig()
+        self._priors: dict[str, EndpointPrior] = {}
+        self._ttft: dict[str, _Factor] = {}
+        self._tpot: dict[str, _Factor] = {}
+        self._pending: dict[str, _Pending] = {}
+        self._queued_tokens: dict[str, int] = {}
+        self._queued_calls: dict[str, int] = {}
+        self._mean_uncached = _INITIAL_MEAN_UNCACHED_TOKENS
+
+    # -- priors and factors ---------------------------------------------------------------
+
+    def set_prior(self, endpoint: str, prior: EndpointPrior) -> None:
+        """Override the configured prior of one endpoint (e.g. built from its profile)."""
+        self._priors[endpoint] = prior
+
+    def prior(self, view: EndpointView, model: str) -> EndpointPrior:
+        """The endpoint's own prior, else ``model@gpu``, else ``gpu``, else the default."""
+        own = self._priors.get(view.name)
+        if own is not None:
+            return own
+        table = self.config.priors
+        gpu = view.info.gpu
+        return table.get(f"{model}@{gpu}") or table.get(gpu) or self.config.default_prior
+
+    def ttft_factor(self, endpoint: str, now: float) -> float:
+        factor = self._ttft.get(endpoint)
+        return 1.0 if factor is None else factor.value(now, self.config.half_life_s)
+
+    def tpot_factor(self, endpoint: str, now: float) -> float:
+        factor = self._tpot.get(endpoint)
+        return 1.0 if factor is None else factor.value(now, self.config.half_life_s)
+
+    # -- predictions ----------------------------------------------------------------------
+
+    def queued_tokens(self, view: EndpointView) -> float:
+        """Uncached prefill tokens believed queued ahead on the endpoint."""
+        tracked = float(self._queued_tokens.get(view.name, 0))
+        reported = view.load.num_waiting * self._mean_uncached
+        return max(tracked, reported)
+
+    def predict(
+        self, view: EndpointView, model: str, num_uncached_tokens: int, now: float
+    ) -> LatencyEstimate:
+        """TTFT and TPOT of a call with ``num_uncached_tokens`` to prefill, sent now."""
+        prior = self.prior(view, model)
+        own_tokens = max(0, num_uncached_tokens)
+        ahead_tokens = self.queued_tokens(view)
+        running = max(view.load.num_running, view.in_flight - self._queued_calls.get(view.name, 0))
+        rate = prior.prefill_tokens_per_s
+        ahead_s, own_s = ahead_tokens / rate, own_tokens / rate
+        # Decodes share each chunked-prefill step's token budget and add per-sequence cost.
+        share = running / max(1.0, prior.chunk_tokens - running)
+        chunks = math.ceil((ahead_tokens + own_tokens) / prior.chunk_tokens)
+        interference_s = (ahead_s + own_s) * share + chunks * running * prior.decode_per_seq_s
+        raw_ttft = ahead_s + own_s + interference_s
+        batch = max(view.load.num_running, view.in_flight) + 1
+        kv = min(1.0, max(0.0, view.load.kv_usage))
+        raw_tpot = (
+            prior.decode_base_s + prior.decode_per_seq_s * batch + prior.decode_full_kv_s * kv
+        )
+        f_ttft = self.ttft_factor(view.name, now)
+        f_tpot = self.tpot_factor(view.name, now)
+        wait_s = (ahead_s + interference_s) * f_ttft
+        prefill_s = own_s * f_ttft
+        return LatencyEstimate(
+            wait_s + prefill_s, raw_tpot * f_tpot, wait_s, prefill_s, raw_ttft, raw_tpot
+        )
+
+    def prefill_s(self, view: EndpointView, model: str, num_tokens: int, now: float) -> float:
+        """Calibrated time to prefill ``num_tokens`` on an idle endpoint (what a cache saves)."""
+        rate = self.prior(view, model).prefill_tokens_per_s
+        return max(0, num_tokens) / rate * self.ttft_factor(view.name, now)
+
+    def throughput_tokens_per_s(self, view: EndpointView, model: str, now: float) -> float:
+        """Output tokens/s at saturation, scaled by the observed decode speed."""
+        return self.prior(view, model).throughput_tokens_per_s / self.tpot_factor(view.name, now)
+
+    # -- observations ---------------------------------------------------------------------
+
+    def on_dispatch(
+        self, request_id: str, endpoint: str, num_uncached_tokens: int, estimate: LatencyEstimate
+    ) -> None:
+        """A call was sent: its prefill is queued work until its first token."""
+        self._drop(request_id)
+        while len(self._pending) >= self.config.max_pending:
+            self._drop(next(iter(self._pending)))
+        tokens = max(0, num_uncached_tokens)
+        self._pending[request_id] = _Pending(
+            endpoint, tokens, estimate.raw_ttft_s, estimate.raw_tpot_s
+        )
+        self._queued_tokens[endpoint] = self._queued_tokens.get(endpoint, 0) + tokens
+        self._queued_calls[endpoint] = self._queued_calls.get(endpoint, 0) + 1
+        self._mean_uncached += 0.05 * (tokens - self._mean_uncached)
+
+    def on_first_token(self, request_id: str, ttft_s: float, now: float) -> None:
+        """The call's first token arrived after ``ttft_s``: calibrate, unqueue its prefill."""
+        pending = self._pending.get(request_id)
+        if pending is None or pending.started:
+            return
+        self._unqueue(pending)
+        pending.started = True
+        if pending.raw_ttft_s > 0:
+            ratio = ttft_s / pending.raw_ttft_s
+            self._ttft.setdefault(pending.endpoint, _Factor()).update(ratio, now, self.config)
+
+    def on_finish(self, request_id: str, now: float, tpot_s: float | None = None) -> None:
+        """The call ended (any way); ``tpot_s``, if measured, calibrates decode speed."""
+        pending = self._pending.get(request_id)
+        if pending is None:
+            return
+        self._drop(request_id)
+        if tpot_s is not None and pending.raw_tpot_s > 0:
+            ratio = tpot_s / pending.raw_tpot_s
+            self._tpot.setdefault(pending.endpoint, _Factor()).update(ratio, now, self.config)
+
+    def _unqueue(self, pending: _Pending) -> None:
+        ep = pending.endpoint
+        self._queued_tokens[ep] = max(0, self._queued_tokens.get(ep, 0) - pending.num_tokens)
+        self._queued_calls[ep] = max(0, self._queued_calls.get(ep, 0) - 1)
+
+    def _drop(self, request_id: str) -> None:
+        pending = self._pending.pop(request_id, None)
+        if pending is not None and not pending.started:
+            self._unqueue(pending)
+
+    def num_pending(self) -> int:
+        return len(self._pending)
