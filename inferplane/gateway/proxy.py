@@ -200,7 +200,7 @@ class Proxy:
         headers = {"X-Inferplane-Endpoint": ex.endpoint or "", "X-Request-Id": ctx.request_id}
         cost = finish(ex)
         if cost is not None:
-            headers["X-Inferplane-Cost-Usd"] = f"{cost:.8f}"
+            headers["X-Inferplane-Cost-Usd"] = format(cost, ".12g")
         return web.Response(status=200, body=raw, content_type="application/json", headers=headers)
 
     async def _stream(
@@ -248,7 +248,9 @@ class Proxy:
                 chunk = events.feed(data)
                 if events.done:
                     cost = finish(ex)
-                    tail = b"" if cost is None else f": inferplane cost_usd={cost:.8f}\n\n".encode()
+                    tail = (
+                        b"" if cost is None else f": inferplane cost_usd={cost:.12g}\n\n".encode()
+                    )
                     await out.write(chunk + tail + _DONE + b"\n\n")
                     return
                 if chunk:

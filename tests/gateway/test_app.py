@@ -218,3 +218,32 @@ async def test_scrape_reads_engine_load() -> None:
             await asyncio.sleep(0.025)
         assert view.load.num_waiting == 3
         assert view.load.kv_usage == 0.25
+
+
+async def test_accounting_adds_up() -> None:
+    """Sum of per-request costs (as clients saw them) + idle + warming == fleet spend."""
+    async with (
+        fake_engines(3, token_delay_s=0.002) as engines,
+        running_gateway(fleet_config(engines)) as (gw, url),
+    ):
+        endpoint = url + "/v1/chat/completions"
+        costs: list[float] = []
+
+        async def one(i: int) -> None:
+            if i % 2:
+                _, headers, _ = await _post(endpoint, CHAT)
+                costs.append(float(headers["X-Inferplane-Cost-Usd"]))
+                return
+            _, _, raw = await _post(endpoint, {**CHAT, "stream": True})
+            comment = [e for e in _sse_events(raw) if e.startswith(b": inferplane cost_usd=")]
+            costs.append(float(comment[0].split(b"=")[1]))
+
+        for _ in range(3):
+            await asyncio.gather(*(one(i) for i in range(12)))
+            await asyncio.sleep(0.03)
+        snap = gw.recorder.snapshot(gw.clock())
+        assert snap.num_in_flight == 0 and snap.num_requests == 36
+        assert all(c > 0 for c in costs)
+        total = sum(costs) + snap.idle_usd + snap.warming_usd
+        assert abs(total - snap.fleet_spend_usd) <= 1e-9 * max(1.0, snap.fleet_spend_usd) + 1e-12
+        assert snap.busy_usd > 0 and snap.idle_usd > 0
