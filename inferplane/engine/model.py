@@ -105,6 +105,16 @@ class EngineModel:
     def num_gpu_blocks(self) -> int:
         return self._pool.num_blocks
 
+    @property
+    def block_pool(self) -> BlockPool:
+        """The KV block pool (read it, do not mutate it: for tests and tools)."""
+        return self._pool
+
+    @property
+    def scheduler(self) -> Scheduler:
+        """The batching scheduler (read it, do not mutate it: for tests and tools)."""
+        return self._sched
+
     def cached_block_hashes(self) -> frozenset[int]:
         """Hashes of the blocks the prefix cache holds now (what KV events describe)."""
         return self._pool.cached_hashes()
