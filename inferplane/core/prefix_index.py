@@ -32,9 +32,12 @@ from __future__ import annotations
 
 import enum
 import hashlib
+from bisect import bisect_left
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate, repeat
+from operator import and_
 
 from inferplane.core.kv_events import MEDIUM_GPU, AllBlocksCleared, BlockStored, KVEvent
 
@@ -43,11 +46,13 @@ GPU = 1
 CPU = 2
 GUESS = 4
 _TIERS = GPU | CPU
+_MATCH_CHUNK = 8  # first chunk of keys matched; each next one doubles
 #: Measured by bench/prefix_index.py (tracemalloc): bytes per (endpoint, block) entry,
-#: per distinct block key, per engine hash kept for removals.
-BYTES_PER_ENTRY = 110
-BYTES_PER_KEY = 100
-BYTES_PER_ENGINE_HASH = 95
+#: per distinct block key, per engine hash kept for removals, per unconfirmed entry.
+BYTES_PER_ENTRY = 100
+BYTES_PER_KEY = 58
+BYTES_PER_ENGINE_HASH = 105
+BYTES_PER_GUESS = 52  # the expiry of an unconfirmed entry
 
 
 def root_key(lora_name: str | None = None) -> int:
@@ -144,9 +149,15 @@ class _Endpoint:
     bit: int
     source: IndexSource
     entries: OrderedDict[int, int] = field(default_factory=OrderedDict)  # key -> flags, LRU
-    engine: dict[int, int] = field(default_factory=dict)  # engine hash -> key << 2 | tiers
+    engine: dict[int, int] = field(default_factory=dict)  # engine hash -> own key
+    tiers: dict[int, int] = field(default_factory=dict)  # engine hash -> tiers, if not GPU
     expiry: dict[int, float] = field(default_factory=dict)  # key -> expiry of a GUESS
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_COUNTERS, 0))
+
+
+def _run_length(running: list[int], bit: int) -> int:
+    """Leading masks of a non-increasing running AND that still hold ``bit``."""
+    return bisect_left(running, True, key=lambda mask: not mask & bit)
 
 
 def _tier(medium: str | None) -> int:
@@ -197,6 +208,7 @@ class PrefixIndex:
         self._num_engine_hashes -= len(ep.engine)
         ep.entries.clear()
         ep.engine.clear()
+        ep.tiers.clear()
         ep.expiry.clear()
         ep.counts["clears"] += 1
 
@@ -236,34 +248,40 @@ class PrefixIndex:
         if event.parent_block_hash is None:
             parent = root_key(event.lora_name)
         else:
-            packed = ep.engine.get(event.parent_block_hash)
-            if packed is None:
+            found = ep.engine.get(event.parent_block_hash)
+            if found is None:
                 ep.counts["orphan_blocks"] += len(event.block_hashes)
                 return
-            parent = packed >> 2
+            parent = found
         tier = _tier(event.medium)
         keys = block_keys(event.token_ids, size, parent)
         for engine_hash, key in zip(event.block_hashes, keys, strict=True):
             old = ep.engine.get(engine_hash)
             if old is None:
                 self._num_engine_hashes += 1
-                ep.engine[engine_hash] = key << 2 | tier
+            tiers = tier | (self._tiers_of(ep, engine_hash) if old == key else 0)
+            ep.engine[engine_hash] = key
+            if tiers == GPU:
+                ep.tiers.pop(engine_hash, None)
             else:
-                ep.engine[engine_hash] = key << 2 | tier | (old & _TIERS if old >> 2 == key else 0)
+                ep.tiers[engine_hash] = tiers
             ep.expiry.pop(key, None)
             self._set(ep, key, tier, clear=GUESS)
         ep.counts["blocks_stored"] += len(keys)
 
     def _apply_removed(self, ep: _Endpoint, hashes: Sequence[int], tier: int) -> None:
         for engine_hash in hashes:
-            packed = ep.engine.get(engine_hash)
-            if packed is None:
+            key = ep.engine.get(engine_hash)
+            if key is None:
                 continue
-            key, tiers = packed >> 2, packed & _TIERS & ~tier
-            if tiers:
-                ep.engine[engine_hash] = key << 2 | tiers
+            tiers = self._tiers_of(ep, engine_hash) & ~tier
+            if tiers == GPU:
+                del ep.tiers[engine_hash]
+            elif tiers:
+                ep.tiers[engine_hash] = tiers
             else:
                 del ep.engine[engine_hash]
+                ep.tiers.pop(engine_hash, None)
                 self._num_engine_hashes -= 1
             self._unset(ep, key, tier)
             ep.counts["blocks_removed"] += 1
@@ -284,14 +302,17 @@ class PrefixIndex:
         expires_at = now + (
             self.config.speculative_ttl_s if precise else self.config.approximate_ttl_s
         )
-        entries = ep.entries
+        entries, expiry, touch = ep.entries, ep.expiry, ep.entries.move_to_end
         for key in keys:
             flags = entries.get(key)
-            if flags is not None and flags & GPU:
-                entries.move_to_end(key)  # already confirmed in GPU memory
+            if flags is None:
+                expiry[key] = expires_at
+                self._set(ep, key, GUESS)
                 continue
-            ep.expiry[key] = expires_at
-            self._set(ep, key, GUESS)
+            touch(key)
+            if not flags & GPU:  # confirmed in GPU memory needs no guess
+                entries[key] = flags | GUESS
+                expiry[key] = expires_at
         if precise:
             self._speculative.append((expires_at, endpoint, keys))
 
@@ -330,25 +351,22 @@ class PrefixIndex:
     def match(self, keys: Sequence[int], endpoints: Iterable[str]) -> dict[str, int]:
         """Per endpoint, how many leading blocks of ``keys`` it holds (any tier)."""
         bits = [(name, self._bit(name)) for name in endpoints]
-        result = dict.fromkeys((name for name, _ in bits), len(keys))
         active = 0
         for _, bit in bits:
             active |= bit
-        holders = self._holders
-        for i, key in enumerate(keys):
-            if not active:
-                break
-            held = holders.get(key, 0) & active
-            lost = active & ~held
-            if lost:
-                for name, bit in bits:
-                    if lost & bit:
-                        result[name] = i
-                active = held
-        for name, bit in bits:
-            if not bit:
-                result[name] = 0
-        return result
+        # Running AND of the holder masks along the prompt: bits only ever drop, so an
+        # endpoint's run ends where its bit first disappears (found by bisection). The
+        # AND runs in C, in doubling chunks, and stops once no endpoint is left.
+        running: list[int] = []
+        get = self._holders.get
+        start, size = 0, _MATCH_CHUNK
+        while active and start < len(keys):
+            chunk = keys[start : start + size]
+            running += accumulate(map(get, chunk, repeat(0, len(chunk))), and_, initial=active)
+            running.pop(start)  # the chunk's initial value
+            active = running[-1]
+            start, size = start + size, size * 2
+        return {name: _run_length(running, bit) if bit else 0 for name, bit in bits}
 
     def weighted_match(self, keys: Sequence[int], endpoints: Iterable[str]) -> dict[str, float]:
         """Like :meth:`match`, but a block held only in CPU memory counts ``cpu_weight``."""
@@ -362,8 +380,7 @@ class PrefixIndex:
             if ep is None or not run:
                 result[name] = 0.0
                 continue
-            entries = ep.entries
-            cpu_only = sum(1 for key in keys[:run] if entries.get(key, GPU) & (GPU | GUESS) == 0)
+            cpu_only = list(map(ep.entries.get, keys[:run])).count(CPU)  # flags == CPU alone
             result[name] = run - cpu_only * (1.0 - cpu_weight)
         return result
 
@@ -372,6 +389,7 @@ class PrefixIndex:
             self._num_entries * BYTES_PER_ENTRY
             + len(self._holders) * BYTES_PER_KEY
             + self._num_engine_hashes * BYTES_PER_ENGINE_HASH
+            + sum(len(ep.expiry) for ep in self._endpoints.values()) * BYTES_PER_GUESS
         )
         return IndexStats(
             num_endpoints=len(self._endpoints),
@@ -437,6 +455,10 @@ class PrefixIndex:
         self._num_entries -= 1
         self._unhold(key, victim.bit)
         self._evictions += 1
+
+    @staticmethod
+    def _tiers_of(ep: _Endpoint, engine_hash: int) -> int:
+        return ep.tiers.get(engine_hash, GPU)
 
     def _bit(self, name: str) -> int:
         ep = self._endpoints.get(name)

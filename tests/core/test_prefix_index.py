@@ -267,3 +267,18 @@ def test_store_then_remove_restores_previous_state(
         stats_before.num_keys,
         stats_before.num_engine_hashes,
     )
+
+
+def test_long_prompts_match_across_chunk_boundaries() -> None:
+    rng = random.Random(8)
+    tokens = prompt(rng, 300)
+    keys = block_keys(tokens)
+    index = PrefixIndex()
+    runs = {"a": 0, "b": 63, "c": 64, "d": 65, "e": 128, "f": 299, "g": 300}
+    for seed, (name, run) in enumerate(runs.items()):
+        if run:
+            index.apply_events(name, [store(tokens, seed, last=run)], now=0.0)
+    index.apply_events("h", [store(tokens, 50)], now=0.0)
+    hashes_h = engine_hashes(50, tokens)
+    index.apply_events("h", [BlockRemoved(block_hashes=(hashes_h[200],))], now=0.0)
+    assert index.match(keys, [*runs, "h"]) == {**runs, "h": 200}
