@@ -1,0 +1,186 @@
+"""Routing policies the simulator compares: the core's router and peers' published rules.
+
+Every policy answers the core's question with the core's types, ``route(call, endpoints,
+now, rng) -> RouteDecision``, over the endpoints the core deems eligible (serve the model,
+accept work, context fits), so a comparison isolates the choice rule. Policies with memory
+(round-robin's cursor, cache-aware's prefix trees) keep it in the policy object, one object
+per simulated run. No I/O, no clock; the RNG is the only source of chance.
+
+- ``least-loaded``: ``inferplane.core.routing.route``, the live gateway's router, unchanged.
+- ``round-robin``, ``random``, ``power-of-two``: SGLang / vllm-router policies of those names
+  (load for power-of-two: router-counted in-flight requests).
+- ``cache-aware``: SGLang / vllm-router ``cache_aware`` (REFERENCE §5): if the load gap is
+  large (max - min > 64 and max > 1.5 x min) pick the least loaded; else if the best prefix
+  match covers more than 30% of the request pick the worker holding it; else the least
+  loaded. The per-worker approximate tree is kept here over prompt blocks instead of
+  characters (the simulator has token ids, not text), LRU-bounded per worker.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Protocol
+
+from inferplane.core import routing
+from inferplane.core.types import CallContext, EndpointView, RankedEndpoint, RouteDecision
+
+POLICY_NAMES: tuple[str, ...] = (
+    "least-loaded",
+    "round-robin",
+    "random",
+    "power-of-two",
+    "cache-aware",
+)
+
+
+class Policy(Protocol):
+    """A router the simulator can drive."""
+
+    def route(
+        self, call: CallContext, endpoints: Sequence[EndpointView], now: float, rng: random.Random
+    ) -> RouteDecision: ...
+
+
+def _decision(order: Sequence[EndpointView], reason: str) -> RouteDecision:
+    ranked = tuple(
+        RankedEndpoint(ep.name, 1.0 / (1 + i)) for i, ep in enumerate(order)
+    )  # primary first, the rest as fallbacks in order
+    return RouteDecision(ranked, reason)
+
+
+def _none(call: CallContext) -> RouteDecision:
+    return RouteDecision((), f"no endpoint can serve model {call.model!r}")
+
+
+class LeastLoaded:
+    """The policy core's router."""
+
+    def route(
+        self, call: CallContext, endpoints: Sequence[EndpointView], now: float, rng: random.Random
+    ) -> RouteDecision:
+        return routing.route(call, endpoints, now, rng)
+
+
+class RoundRobin:
+    """Each call to the next eligible endpoint after the previous pick, in fleet order."""
+
+    def __init__(self) -> None:
+        self._cursor = 0
+
+    def route(
+        self, call: CallContext, endpoints: Sequence[EndpointView], now: float, rng: random.Random
+    ) -> RouteDecision:
+        candidates = routing.eligible(call, endpoints)
+        if not candidates:
+            return _none(call)
+        i = self._cursor % len(candidates)
+        self._cursor += 1
+        return _decision(candidates[i:] + candidates[:i], "round-robin")
+
+
+class RandomPick:
+    """Uniformly at random among eligible endpoints."""
+
+    def route(
+        self, call: CallContext, endpoints: Sequence[EndpointView], now: float, rng: random.Random
+    ) -> RouteDecision:
+        candidates = routing.eligible(call, endpoints)
+        if not candidates:
+            return _none(call)
+        first = rng.randrange(len(candidates))
+        return _decision(
+            [candidates[first], *candidates[:first], *candidates[first + 1 :]], "random"
+        )
+
+
+class PowerOfTwo:
+    """Two eligible endpoints at random; the one with fewer in-flight requests wins."""
+
+    def route(
+        self, call: CallContext, endpoints: Sequence[EndpointView], now: float, rng: random.Random
+    ) -> RouteDecision:
+        candidates = routing.eligible(call, endpoints)
+        if len(candidates) < 2:
+            return _decision(candidates, "power-of-two") if candidates else _none(call)
+        a, b = rng.sample(candidates, 2)
+        first, second = (a, b) if a.in_flight <= b.in_flight else (b, a)
+        rest = [ep for ep in candidates if ep is not a and ep is not b]
+        return _decision([first, second, *rest], "power-of-two")
+
+
+class CacheAware:
+    """SGLang's cache_aware rule over per-endpoint LRU sets of prompt block keys."""
+
+    BALANCE_ABS = 64
+    BALANCE_REL = 1.5
+    MATCH_THRESHOLD = 0.3
+
+    def __init__(self, max_blocks_per_endpoint: int = 200_000) -> None:
+        self._trees: dict[str, OrderedDict[int, None]] = {}
+        self._max_blocks = max_blocks_per_endpoint
+
+    def route(
+        self, call: CallContext, endpoints: Sequence[EndpointView], now: float, rng: random.Random
+    ) -> RouteDecision:
+        candidates = routing.eligible(call, endpoints)
+        if not candidates:
+            return _none(call)
+        by_load = sorted(candidates, key=lambda ep: (ep.in_flight, rng.random()))
+        lo, hi = by_load[0].in_flight, by_load[-1].in_flight
+        keys = call.prompt_block_keys
+        if hi - lo > self.BALANCE_ABS and hi > self.BALANCE_REL * lo:
+            choice, reason = by_load[0], "cache-aware: imbalanced, least loaded"
+        else:
+            best, matched = by_load[0], 0
+            for ep in by_load:
+                n = self._match(ep.name, keys)
+                if n > matched:
+                    best, matched = ep, n
+            if keys and matched / len(keys) > self.MATCH_THRESHOLD:
+                choice, reason = best, "cache-aware: prefix match"
+            else:
+                choice, reason = by_load[0], "cache-aware: low match, least loaded"
+        self._insert(choice.name, keys)
+        return _decision([choice, *[ep for ep in by_load if ep is not choice]], reason)
+
+    def _match(self, name: str, keys: tuple[int, ...]) -> int:
+        tree = self._trees.get(name)
+        if not tree:
+            return 0
+        n = 0
+        for key in keys:
+            if key not in tree:
+                break
+            n += 1
+        return n
+
+    def _insert(self, name: str, keys: tuple[int, ...]) -> None:
+        tree = self._trees.setdefault(name, OrderedDict())
+        for key in keys:
+            if key in tree:
+                tree.move_to_end(key)
+            else:
+                tree[key] = None
+        while len(tree) > self._max_blocks:
+            tree.popitem(last=False)
+
+
+def make_policy(name: str) -> Policy:
+    """A fresh policy object (its memory starts empty) for one simulated run."""
+    factories: dict[str, type[Policy]] = {
+        "least-loaded": LeastLoaded,
+        "round-robin": RoundRobin,
+        "random": RandomPick,
+        "power-of-two": PowerOfTwo,
+        "cache-aware": CacheAware,
+    }
+    if name not in factories:
+        raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICY_NAMES)}")
+    return factories[name]()
+
+
+def needs_block_keys(name: str) -> bool:
+    """Whether the policy reads ``CallContext.prompt_block_keys`` (costly to compute)."""
+    return name == "cache-aware"

@@ -1,0 +1,139 @@
+"""The simulated fleet: one clock-free engine model per endpoint of a fleet config.
+
+Each endpoint of the config (the file ``inferplane serve`` takes) becomes an ``EngineModel``
+with the profile ``load_profile(first served model, gpu, tensor_parallel)``. The fleet builds
+the ``EndpointView`` snapshots the policy core routes on, the way the gateway does: engine
+load as last *scraped* (refreshed every scrape interval, so routing sees data as stale as the
+live gateway would), plus the simulator's own in-flight counts, which are always current.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from inferplane.config import EndpointConfig, FleetConfig
+from inferplane.core.types import EndpointInfo, EndpointLoad, EndpointState, EndpointView
+from inferplane.engine.model import EngineModel
+from inferplane.engine.profiles import available_gpus, available_models, load_profile
+from inferplane.engine.types import EngineState
+
+_VIEW_STATE = {
+    EngineState.READY: EndpointState.READY,
+    EngineState.LOADING: EndpointState.COLD,
+    EngineState.COLD: EndpointState.COLD,
+}
+
+
+class FleetError(ValueError):
+    """A fleet config the simulator cannot model (unknown model or GPU profile)."""
+
+
+class SimEndpoint:
+    """One replica: its config, its engine model and the simulator's bookkeeping."""
+
+    __slots__ = (
+        "config",
+        "engine",
+        "in_flight",
+        "index",
+        "info",
+        "load",
+        "provisioned_s",
+        "wake_at_s",
+    )
+
+    def __init__(
+        self, index: int, config: EndpointConfig, engine: EngineModel, provisioned_s: float
+    ) -> None:
+        self.index = index
+        self.config = config
+        self.engine = engine
+        info = config.info()
+        if info.max_model_len is None:  # the gateway would learn it from /v1/models
+            info = dataclasses.replace(info, max_model_len=engine.max_model_len)
+        self.info: EndpointInfo = info
+        self.in_flight = 0
+        self.load = EndpointLoad()
+        self.provisioned_s = provisioned_s
+        self.wake_at_s: float | None = None  # the engine wake-up the event queue holds
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    @property
+    def view_state(self) -> EndpointState:
+        return _VIEW_STATE[self.engine.state]
+
+    def scrape(self, now: float) -> None:
+        """Take the engine's current load as the gateway's latest observation."""
+        stats = self.engine.stats()
+        self.load = EndpointLoad(stats.num_waiting, stats.num_running, stats.kv_usage, now)
+
+
+def engine_for(config: EndpointConfig, seed: int, start_state: EngineState) -> EngineModel:
+    """The engine model of one endpoint; a clear error when no profile matches it."""
+    model = config.models[0]
+    if model not in available_models():
+        known = ", ".join(available_models())
+        raise FleetError(
+            f"endpoint {config.name!r}: model {model!r} has no engine profile "
+            f"(the simulator models the first served model; known: {known})"
+        )
+    if config.gpu not in available_gpus():
+        known = ", ".join(available_gpus())
+        raise FleetError(f"endpoint {config.name!r}: unknown gpu {config.gpu!r} (known: {known})")
+    try:
+        profile = load_profile(model, config.gpu, config.tensor_parallel)
+    except ValueError as exc:
+        raise FleetError(f"endpoint {config.name!r}: {exc}") from None
+    return EngineModel(profile, seed=seed, start_state=start_state, now=0.0)
+
+
+class Fleet:
+    """Every endpoint of the run, in config order, plus replicas added by scale-out."""
+
+    def __init__(self, config: FleetConfig, seed: int, scrape_interval_s: float) -> None:
+        self.config = config
+        self._seed = seed
+        self.scrape_interval_s = scrape_interval_s
+        self.endpoints: list[SimEndpoint] = []
+        self.by_name: dict[str, SimEndpoint] = {}
+        self._last_scrape_s = -float("inf")
+        for ep in config.endpoints:
+            self._add(ep, EngineState.READY, 0.0)
+
+    def _add(self, config: EndpointConfig, state: EngineState, now: float) -> SimEndpoint:
+        index = len(self.endpoints)
+        engine_seed = (self._seed * 1_000_003 + index) & 0x7FFF_FFFF
+        ep = SimEndpoint(index, config, engine_for(config, engine_seed, state), now)
+        self.endpoints.append(ep)
+        self.by_name[ep.name] = ep
+        return ep
+
+    def add_replica(self, template: str, now: float) -> SimEndpoint:
+        """A new cold replica shaped like ``template`` (named ``template+N``)."""
+        base = self.by_name[template].config
+        n = 1
+        while f"{base.name}+{n}" in self.by_name:
+            n += 1
+        config = base.model_copy(update={"name": f"{base.name}+{n}"})
+        return self._add(config, EngineState.COLD, now)
+
+    def views(self, now: float) -> list[EndpointView]:
+        """Snapshots for the router: scraped load (refreshed when due) and in-flight counts."""
+        if now - self._last_scrape_s >= self.scrape_interval_s:
+            self._last_scrape_s = now
+            for ep in self.endpoints:
+                ep.scrape(now)
+        return [
+            EndpointView(ep.info, ep.view_state, ep.load, ep.in_flight) for ep in self.endpoints
+        ]
+
+    def context_limit_tokens(self, model: str) -> int:
+        """The longest context any endpoint serving ``model`` takes (0 if none serves it)."""
+        limits = [ep.info.max_model_len or 0 for ep in self.endpoints if model in ep.info.models]
+        return max(limits, default=0)
+
+    def in_region(self, region: str) -> list[SimEndpoint]:
+        return [ep for ep in self.endpoints if ep.info.region == region]

@@ -1,0 +1,357 @@
+"""One simulated run: a scenario's workload through one routing policy, in virtual time.
+
+The loop pops events in ``(time, priority, seq)`` order and leaps straight to the next one:
+arrivals become ``CallContext`` values routed by the policy (the core's ``route`` for
+``least-loaded``) and submitted to that endpoint's ``EngineModel``; each engine is woken
+only at its own ``next_event_time()``; client timeouts abort at the engine and may retry
+with jittered exponential back-off; faults change the fleet. Spend and cost per
+successful task come from the core's ``Accountant``, fed exactly as the gateway feeds it.
+
+Time to first token needs the engine's first ``TokensGenerated`` of each request. Until the
+engine model reports first tokens when ``emit_tokens=False``, the runner asks for per-token
+events (``EMIT_TOKENS``) and keeps only the first one per request.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from pathlib import Path
+
+from inferplane.config import FleetConfig
+from inferplane.core.types import CallContext, EndpointState
+from inferplane.engine.types import (
+    EngineEvent,
+    EngineRequest,
+    EngineState,
+    FinishReason,
+    RequestFinished,
+    StateChanged,
+    TokensGenerated,
+)
+from inferplane.sim.baselines import make_policy, needs_block_keys
+from inferplane.sim.events import EventKind, EventQueue
+from inferplane.sim.faults import ActionKind, FaultAction, expand
+from inferplane.sim.fleet import Fleet, SimEndpoint
+from inferplane.sim.ledger import Call, Ledger, block_keys
+from inferplane.sim.records import Outcome, RunResult, Sample
+from inferplane.sim.scenario import Scenario
+from inferplane.sim.sources import build_sources
+from inferplane.sim.workload import CallSpec
+
+EMIT_TOKENS = True
+_PROGRESS_EVERY = 4096
+_SUCCESS = (FinishReason.STOP, FinishReason.LENGTH)
+_ENGINE_TO_VIEW = {
+    EngineState.READY: EndpointState.READY,
+    EngineState.LOADING: EndpointState.WARMING,
+    EngineState.COLD: EndpointState.COLD,
+}
+
+ProgressFn = Callable[[float], None]
+
+
+class Simulation:
+    """Runs one policy over one scenario; ``run()`` once, then read the ``RunResult``."""
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        fleet_config: FleetConfig,
+        base_dir: Path,
+        policy: str,
+        *,
+        seed: int | None = None,
+        progress: ProgressFn | None = None,
+    ) -> None:
+        self.scenario, self.policy_name, self._progress = scenario, policy, progress
+        self.seed = scenario.seed if seed is None else seed
+        scrape = scenario.scrape_interval_s or fleet_config.gateway.scrape_interval_s
+        self.fleet = Fleet(fleet_config, self.seed, scrape)
+        self.policy = make_policy(policy)
+        self._keys_needed = needs_block_keys(policy)
+        self._route_rng = random.Random(f"{self.seed}/route")
+        self._client_rng = random.Random(f"{self.seed}/clients")
+        self.sources = build_sources(scenario, base_dir, fleet_config, self.fleet, self.seed)
+        self.ledger = Ledger(
+            [ep.info for ep in self.fleet.endpoints], fleet_config.gateway.workflow_idle_ttl_s
+        )
+        self.q = EventQueue()
+        self.duration_s = scenario.duration_s
+        self.end_s = scenario.duration_s + scenario.drain_s
+        self._open: dict[int, Call] = {}
+        self._by_engine_id: dict[str, Call] = {}
+        self._samples: list[Sample] = []
+        self._next_call_id = 0
+        self.counters = {"events": 0, "retries": 0, "engine_wakes": 0}
+        self._base_endpoints = len(self.fleet.endpoints)
+        self._faults = expand(
+            scenario.faults, {e.name: e.info.region for e in self.fleet.endpoints}
+        )
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def run(self) -> RunResult:
+        for action in self._faults:
+            self.q.push(action.at_s, EventKind.FAULT, action)
+        for i in range(len(self.sources)):
+            self._pull(i)
+        self.q.push(0.0, EventKind.SAMPLE)
+        q, handlers = self.q, self._handlers()
+        while q:
+            t = q.peek_time()
+            assert t is not None
+            if t > self.end_s or (t >= self.duration_s and not self._open):
+                break
+            _, kind, payload = q.pop()
+            handlers[kind](payload)
+            self.counters["events"] += 1
+            if self._progress is not None and self.counters["events"] % _PROGRESS_EVERY == 0:
+                self._progress(q.now_s)
+        return self._finish()
+
+    def _handlers(self) -> dict[EventKind, Callable[[object], None]]:
+        return {
+            EventKind.FAULT: self._on_fault,  # type: ignore[dict-item]
+            EventKind.ENGINE: self._on_engine,  # type: ignore[dict-item]
+            EventKind.TIMEOUT: self._on_timeout,  # type: ignore[dict-item]
+            EventKind.ARRIVAL: self._on_arrival,  # type: ignore[dict-item]
+            EventKind.SAMPLE: self._on_sample,
+        }
+
+    def _pull(self, source: int) -> None:
+        """Schedule the next open-loop arrival of a source, if it comes before the end."""
+        nxt = self.sources[source][0].next_arrival()
+        if nxt is not None and nxt[0] <= self.duration_s:
+            self._new_call(nxt[1], source, nxt[0], refill=True)
+
+    def _new_call(self, spec: CallSpec, source: int, t: float, *, refill: bool) -> None:
+        self._next_call_id += 1
+        call = Call(self._next_call_id, spec, source, self.sources[source][1], t)
+        self._open[call.call_id] = call
+        self.q.push(t, EventKind.ARRIVAL, (call, source if refill else -1))
+
+    # -- handlers ---------------------------------------------------------------------------
+
+    def _on_arrival(self, payload: tuple[Call, int]) -> None:
+        call, refill = payload
+        if refill >= 0:
+            self._pull(refill)
+        self._attempt(call, self.q.now_s)
+
+    def _attempt(self, call: Call, now: float) -> None:
+        call.attempt += 1
+        call.first_token_s = None
+        views = self.fleet.views(now)
+        ranked: tuple[str, ...] = ()
+        for target in call.info.targets:
+            ranked = self.policy.route(
+                self._context(call, target, now), views, now, self._route_rng
+            ).names()
+            if ranked:
+                break
+        if not ranked:
+            self._attempt_failed(call, now, Outcome.REJECTED, "no_endpoint")
+            return
+        ep = self.fleet.by_name[ranked[0]]
+        self._handle(ep, ep.engine.advance(now, emit_tokens=EMIT_TOKENS))
+        call.engine_id = f"c{call.call_id}.{call.attempt}"
+        spec = call.spec
+        request = EngineRequest(
+            call.engine_id,
+            spec.prompt_token_ids,
+            spec.max_tokens,
+            call.info.priority.rank,
+            ignore_eos=True,
+        )
+        try:
+            ep.engine.submit(request, now)
+        except ValueError:
+            self._attempt_failed(call, now, Outcome.REJECTED, "cannot_fit")
+            return
+        ep.in_flight += 1
+        call.endpoint = ep
+        self._by_engine_id[call.engine_id] = call
+        self.ledger.start(call, ep.name, now)
+        self._wake(ep, now)
+        self.q.push(now + call.info.timeout_s, EventKind.TIMEOUT, (call, call.attempt))
+
+    def _context(self, call: Call, model: str, now: float) -> CallContext:
+        spec, info = call.spec, call.info
+        if self._keys_needed and call.keys is None:
+            call.keys = block_keys(spec.prompt_token_ids)
+        e2e = info.slo.e2e_s
+        return CallContext(
+            request_id=f"c{call.call_id}",
+            tenant=info.tenant,
+            model=model,
+            priority=info.priority,
+            arrival_s=call.arrival_s,
+            num_prompt_tokens=len(spec.prompt_token_ids),
+            max_tokens=spec.max_tokens,
+            deadline_s=None if e2e is None else call.arrival_s + e2e,
+            ttft_budget_s=info.slo.ttft_s,
+            workflow_id=call.workflow_id,
+            workflow_step=spec.step + 1,
+            workflow_steps=spec.steps,
+            stream=True,
+            prompt_block_keys=call.keys or (),
+        )
+
+    def _on_engine(self, index: int) -> None:
+        ep, now = self.fleet.endpoints[index], self.q.now_s
+        if ep.wake_at_s != now:
+            return  # superseded by a later reschedule
+        ep.wake_at_s = None
+        self.counters["engine_wakes"] += 1
+        self._handle(ep, ep.engine.advance(now, emit_tokens=EMIT_TOKENS))
+        self._wake(ep, now)
+
+    def _wake(self, ep: SimEndpoint, now: float) -> None:
+        t = ep.engine.next_event_time()
+        if t is None:
+            return
+        t = max(t, now)
+        if t != ep.wake_at_s:
+            ep.wake_at_s = t
+            self.q.push(t, EventKind.ENGINE, ep.index)
+
+    def _handle(self, ep: SimEndpoint, events: list[EngineEvent]) -> None:
+        by_id = self._by_engine_id
+        for ev in events:
+            kind = type(ev)
+            if kind is TokensGenerated:
+                call = by_id.get(ev.request_id)  # type: ignore[union-attr]
+                if call is not None and call.first_token_s is None:
+                    call.first_token_s = ev.time_s
+            elif kind is RequestFinished:
+                assert isinstance(ev, RequestFinished)
+                self._on_finished(ep, ev)
+            elif kind is StateChanged:
+                assert isinstance(ev, StateChanged)
+                self.ledger.accountant.on_endpoint_state(
+                    ep.name, _ENGINE_TO_VIEW[ev.state], ev.time_s
+                )
+
+    def _on_finished(self, ep: SimEndpoint, ev: RequestFinished) -> None:
+        call = self._by_engine_id.pop(ev.request_id, None)
+        if call is None:
+            return  # an attempt the client already gave up on
+        ep.in_flight -= 1
+        call.cached, call.completion = ev.num_cached_tokens, ev.num_completion_tokens
+        if ev.reason in _SUCCESS:
+            self._close(call, ev.time_s, Outcome.SUCCESS, "")
+        else:
+            self._attempt_failed(call, ev.time_s, Outcome.FAILED, f"engine_{ev.reason.value}")
+
+    def _on_timeout(self, payload: tuple[Call, int]) -> None:
+        call, attempt = payload
+        if call.attempt != attempt or self._by_engine_id.pop(call.engine_id, None) is None:
+            return  # that attempt already ended
+        ep, now = call.endpoint, self.q.now_s
+        assert ep is not None
+        ep.in_flight -= 1
+        self._handle(ep, ep.engine.abort(call.engine_id, now))
+        self._wake(ep, now)
+        self._attempt_failed(call, now, Outcome.TIMEOUT, "timeout")
+
+    def _attempt_failed(self, call: Call, now: float, outcome: Outcome, reason: str) -> None:
+        if outcome is Outcome.REJECTED:
+            self.ledger.reject(reason)
+        clients = self.scenario.clients
+        retry = outcome is not Outcome.REJECTED or clients.retry_on_reject
+        if retry and call.attempt <= clients.max_retries:
+            backoff = clients.backoff_s * 2 ** (call.attempt - 1)
+            backoff *= 0.5 + self._client_rng.random()
+            if now + backoff <= self.end_s:
+                self.counters["retries"] += 1
+                self.q.push(now + backoff, EventKind.ARRIVAL, (call, -1))
+                return
+        self._close(call, now, outcome, reason)
+
+    # -- endings ----------------------------------------------------------------------------
+
+    def _close(self, call: Call, now: float, outcome: Outcome, reason: str) -> None:
+        """The call's last word: record it, then start its task's next call (if any)."""
+        del self._open[call.call_id]
+        self.ledger.close(call, now, outcome, reason)
+        if outcome is Outcome.UNFINISHED:
+            return
+        spec = call.spec
+        nxt = self.sources[call.source][0].follow_up(spec, outcome is Outcome.SUCCESS)
+        if nxt is None:
+            self.ledger.task_ended(call, now, cut=False)
+        elif now + nxt[0] <= self.duration_s:
+            self._new_call(nxt[1], call.source, now + nxt[0], refill=False)
+        else:
+            self.ledger.task_ended(call, now, cut=True)  # its next call would start too late
+
+    # -- faults and samples -----------------------------------------------------------------
+
+    def _on_fault(self, action: FaultAction) -> None:
+        now = self.q.now_s
+        if action.kind is ActionKind.SCALE_OUT:
+            for template in action.endpoints:
+                ep = self.fleet.add_replica(template, now)
+                self._handle(ep, ep.engine.start_loading(now))
+                self._wake(ep, now)
+            return
+        for name in action.endpoints:
+            ep = self.fleet.by_name[name]
+            if action.kind is ActionKind.SLOW:
+                ep.engine.slowdown = action.factor
+            elif action.kind is ActionKind.CRASH:
+                self._handle(ep, ep.engine.reset(now, cold=True))
+                self.ledger.accountant.on_endpoint_state(ep.name, EndpointState.COLD, now)
+            elif ep.engine.state is EngineState.COLD:  # RESTART
+                self._handle(ep, ep.engine.start_loading(now))
+            self._wake(ep, now)
+
+    def _on_sample(self, _: object = None) -> None:
+        now = self.q.now_s
+        waiting = running = 0
+        kv: list[float] = []
+        for ep in self.fleet.endpoints:
+            stats = ep.engine.stats()
+            waiting += stats.num_waiting
+            running += stats.num_running
+            kv.append(stats.kv_usage)
+        spend = self.ledger.accountant.snapshot(now).fleet_spend_usd + self._extra_spend(now)
+        self._samples.append(
+            Sample(
+                now,
+                waiting,
+                running,
+                len(self._by_engine_id),
+                tuple(kv),
+                spend,
+                self.ledger.tasks["success"],
+            )
+        )
+        nxt = now + self.scenario.sample_every_s()
+        if nxt <= self.end_s:
+            self.q.push(nxt, EventKind.SAMPLE)
+
+    def _extra_spend(self, now: float) -> float:
+        """Spend of scale-out replicas, which the accountant's fixed fleet does not hold."""
+        extra = self.fleet.endpoints[self._base_endpoints :]
+        return sum(ep.info.price_per_hour_usd * (now - ep.provisioned_s) / 3600 for ep in extra)
+
+    def _finish(self) -> RunResult:
+        end = min(max(self.q.now_s, self.duration_s), self.end_s)
+        self.q.now_s = end
+        for call_id in sorted(self._open):
+            self._close(self._open[call_id], end, Outcome.UNFINISHED, "run ended")
+        self._on_sample()
+        return RunResult(
+            policy=self.policy_name,
+            end_s=end,
+            endpoints=tuple(ep.name for ep in self.fleet.endpoints),
+            records=tuple(sorted(self.ledger.records, key=lambda r: r.call_id)),
+            samples=tuple(self._samples),
+            accounting=self.ledger.accountant.snapshot(end),
+            extra_spend_usd=self._extra_spend(end),
+            rejections=dict(sorted(self.ledger.rejections.items())),
+            tasks=dict(self.ledger.tasks),
+            counters=dict(self.counters),
+        )
