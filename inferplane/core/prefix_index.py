@@ -17,11 +17,10 @@ One interface, two sources of truth:
 blocks present (the score llm-d and Dynamo route on); :meth:`PrefixIndex.weighted_match`
 weighs blocks held only in CPU memory at ``cpu_weight``.
 
-Memory is bounded: ``max_entries`` (endpoint, block) entries overall, evicting the least
-recently stored or routed entry of the endpoint that holds the most, and
-``max_engine_hashes`` engine hashes overall (past it, the endpoint that overflowed is
-cleared: its events and the index disagree). The index is pure: ``now`` is passed in
-and nothing here reads a clock or does I/O; it is not thread-safe (one event loop owns it).
+Memory is bounded: ``max_entries`` (endpoint, block) entries overall (evicting the
+least recently stored or routed entry of the endpoint holding the most) and
+``max_engine_hashes`` (past it, the endpoint that overflowed is cleared). Pure: ``now``
+is passed in; no clock, no I/O; not thread-safe (one event loop owns it).
 
 Own keys are Python's tuple hash of ``(parent key, 16 token ids)``: deterministic across
 processes for ints, 64-bit, and ~25 us per 1K tokens. It is not a cryptographic hash: a
@@ -35,7 +34,7 @@ import hashlib
 from bisect import bisect_left
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from itertools import accumulate, repeat
 from operator import and_
 
@@ -133,14 +132,7 @@ class IndexStats:
     estimated_bytes: int
 
 
-_COUNTERS = (
-    "events_applied",
-    "blocks_stored",
-    "blocks_removed",
-    "orphan_blocks",
-    "skipped_events",
-    "clears",
-)
+_COUNTERS = [f.name for f in fields(EndpointIndexStats)][3:]  # the counts after the sizes
 
 
 @dataclass(slots=True, eq=False)
@@ -172,7 +164,6 @@ class PrefixIndex:
         self._endpoints: dict[str, _Endpoint] = {}
         self._holders: dict[int, int] = {}  # key -> bit mask of endpoints holding it
         self._free_bits: list[int] = []
-        self._next_bit = 1
         self._num_entries = 0
         self._num_engine_hashes = 0
         self._speculative: deque[tuple[float, str, Sequence[int]]] = deque()
@@ -185,7 +176,9 @@ class PrefixIndex:
         """Register an endpoint (or change its source, which drops its guesses)."""
         ep = self._endpoints.get(name)
         if ep is None:
-            bit = self._free_bits.pop() if self._free_bits else self._take_bit()
+            if not self._free_bits:
+                self._free_bits.append(1 << len(self._endpoints))
+            bit = self._free_bits.pop()
             self._endpoints[name] = _Endpoint(name=name, bit=bit, source=source)
         elif ep.source is not source:
             self.clear_endpoint(name)
@@ -259,7 +252,7 @@ class PrefixIndex:
             old = ep.engine.get(engine_hash)
             if old is None:
                 self._num_engine_hashes += 1
-            tiers = tier | (self._tiers_of(ep, engine_hash) if old == key else 0)
+            tiers = tier | (ep.tiers.get(engine_hash, GPU) if old == key else 0)
             ep.engine[engine_hash] = key
             if tiers == GPU:
                 ep.tiers.pop(engine_hash, None)
@@ -274,9 +267,9 @@ class PrefixIndex:
             key = ep.engine.get(engine_hash)
             if key is None:
                 continue
-            tiers = self._tiers_of(ep, engine_hash) & ~tier
+            tiers = ep.tiers.get(engine_hash, GPU) & ~tier
             if tiers == GPU:
-                del ep.tiers[engine_hash]
+                ep.tiers.pop(engine_hash, None)
             elif tiers:
                 ep.tiers[engine_hash] = tiers
             else:
@@ -456,15 +449,6 @@ class PrefixIndex:
         self._unhold(key, victim.bit)
         self._evictions += 1
 
-    @staticmethod
-    def _tiers_of(ep: _Endpoint, engine_hash: int) -> int:
-        return ep.tiers.get(engine_hash, GPU)
-
     def _bit(self, name: str) -> int:
         ep = self._endpoints.get(name)
         return 0 if ep is None else ep.bit
-
-    def _take_bit(self) -> int:
-        bit = self._next_bit
-        self._next_bit <<= 1
-        return bit

@@ -282,3 +282,15 @@ def test_long_prompts_match_across_chunk_boundaries() -> None:
     hashes_h = engine_hashes(50, tokens)
     index.apply_events("h", [BlockRemoved(block_hashes=(hashes_h[200],))], now=0.0)
     assert index.match(keys, [*runs, "h"]) == {**runs, "h": 200}
+
+
+def test_removal_from_a_tier_that_never_held_the_block_keeps_it() -> None:
+    tokens = prompt(random.Random(9), 2)
+    hashes = engine_hashes(4, tokens)
+    index = PrefixIndex()
+    index.apply_events("a", [store(tokens, 4)], now=0.0)
+    index.apply_events("a", [BlockRemoved(block_hashes=tuple(hashes), medium="CPU")], now=0.0)
+    assert index.match(block_keys(tokens), ["a"]) == {"a": 2}
+    index.apply_events("a", [BlockRemoved(block_hashes=tuple(hashes))], now=0.0)
+    assert index.match(block_keys(tokens), ["a"]) == {"a": 0}
+    assert index.stats().num_engine_hashes == 0
