@@ -81,6 +81,8 @@ class RoutingConfig(_Frozen):
     max_affinities: int = Field(default=100_000, ge=1)
     #: Latency score is 1 while the prediction uses at most this share of the budget.
     budget_comfort: float = Field(default=0.5, gt=0, le=1)
+    #: The load score halves for each this many outstanding requests over the least loaded.
+    load_scale: float = Field(default=8.0, gt=0)
     #: Without a budget: the latency score halves for each this much TTFT over the best.
     latency_scale_s: float = Field(default=0.5, gt=0)
     #: Output tokens assumed at most when checking an end-to-end deadline.

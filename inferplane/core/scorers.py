@@ -3,8 +3,9 @@
 The seven axes of the design plus queue load (llm-d's queue scorer):
 
 =========  =============================================================================
-kv_cache   share of the prompt already cached there (prefix index match)
-load       outstanding requests, relative to the pool's least and most loaded endpoint
+kv_cache   share of the prompt already cached there (prefix index match; without an
+           index, the assumed reuse on the workflow's previous endpoint)
+load       1 / (1 + outstanding requests over the pool's least / ``load_scale``)
 headroom   HBM headroom: 1 - KV-cache usage
 latency    predicted TTFT (and end-to-end) against the call's budget: 1 within
            ``budget_comfort`` of it, 0 past it; without a budget, 1 / (1 + extra TTFT
@@ -133,23 +134,22 @@ Scorer = Callable[[ScoringContext, PoolStats, EndpointView], AxisScore]
 
 
 def score_kv_cache(ctx: ScoringContext, pool: PoolStats, view: EndpointView) -> AxisScore:
-    if not ctx.has_prefix_data or ctx.call.num_prompt_tokens <= 0:
-        return AxisScore("kv_cache", 0.0, "no prefix data")
     cached = ctx.cached_tokens.get(view.name, 0)
-    if cached <= 0:
-        return AxisScore("kv_cache", 0.0, "no cached prefix")
+    if cached <= 0 or ctx.call.num_prompt_tokens <= 0:
+        return AxisScore("kv_cache", 0.0, "no cached prefix" if ctx.has_prefix_data else "no data")
     kept, why = keeps_affinity(ctx, pool, view.name)
     if not kept:
         return AxisScore("kv_cache", 0.0, why)
     frac = min(1.0, cached / ctx.call.num_prompt_tokens)
-    return AxisScore("kv_cache", frac, f"{cached} tokens cached ({frac:.0%}); {why}")
+    how = "cached" if ctx.has_prefix_data else "assumed cached (workflow)"
+    return AxisScore("kv_cache", frac, f"{cached} tokens {how} ({frac:.0%}); {why}")
 
 
 def score_load(ctx: ScoringContext, pool: PoolStats, view: EndpointView) -> AxisScore:
     load = load_of(view)
-    spread = pool.max_load - pool.min_load
-    score = 1.0 if spread <= 0 else (pool.max_load - load) / spread
-    return AxisScore("load", score, f"{load:.0f} outstanding")
+    extra = max(0.0, load - pool.min_load)
+    score = 1.0 / (1.0 + extra / ctx.cfg.load_scale)
+    return AxisScore("load", score, f"{load:.0f} outstanding (+{extra:.0f})")
 
 
 def score_headroom(ctx: ScoringContext, pool: PoolStats, view: EndpointView) -> AxisScore:

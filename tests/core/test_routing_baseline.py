@@ -1,10 +1,10 @@
-"""The baseline least-loaded router: filters and ordering."""
+"""The baseline least-loaded router (kept for comparison): filters and ordering."""
 
 from __future__ import annotations
 
 import random
 
-from inferplane.core.routing import route
+from inferplane.core.routing import least_loaded as route
 from inferplane.core.types import (
     CallContext,
     EndpointInfo,

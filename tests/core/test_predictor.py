@@ -1,0 +1,143 @@
+"""The latency predictor: the model's terms, queued work, robust decaying calibration."""
+
+from __future__ import annotations
+
+import pytest
+
+from inferplane.core.predictor import LatencyPredictor
+from inferplane.core.routing_config import EndpointPrior, PredictorConfig
+from tests.core.routing_helpers import view
+
+PRIOR = EndpointPrior(
+    prefill_tokens_per_s=10_000.0,
+    chunk_tokens=1000,
+    decode_base_s=0.01,
+    decode_per_seq_s=0.001,
+    decode_full_kv_s=0.02,
+    throughput_tokens_per_s=2000.0,
+)
+
+
+def _pred(**kw: object) -> LatencyPredictor:
+    return LatencyPredictor(PredictorConfig(default_prior=PRIOR, **kw))  # type: ignore[arg-type]
+
+
+def test_idle_endpoint_is_own_prefill_and_base_decode() -> None:
+    est = _pred().predict(view("a"), "m", 2000, 0.0)
+    assert est.ttft_s == pytest.approx(0.2)
+    assert est.wait_s == 0.0 and est.prefill_s == pytest.approx(0.2)
+    assert est.tpot_s == pytest.approx(0.01 + 0.001)
+    assert est.e2e_s(11) == pytest.approx(0.2 + 10 * 0.011)
+
+
+def test_tpot_grows_with_batch_and_kv() -> None:
+    pred = _pred()
+    small = pred.predict(view("a", running=1, kv=0.0), "m", 10, 0.0).tpot_s
+    big = pred.predict(view("a", running=99, kv=0.5), "m", 10, 0.0).tpot_s
+    assert small == pytest.approx(0.01 + 0.002)
+    assert big == pytest.approx(0.01 + 0.1 + 0.01)
+
+
+def test_running_decodes_interfere_with_prefill() -> None:
+    pred = _pred()
+    alone = pred.predict(view("a"), "m", 2000, 0.0).ttft_s
+    busy = pred.predict(view("a", running=100), "m", 2000, 0.0)
+    # 100 decodes take 100 of 1000 tokens per step and add 2 chunks x 100 x 1 ms.
+    assert busy.ttft_s == pytest.approx(0.2 + 0.2 * 100 / 900 + 0.2)
+    assert busy.ttft_s > alone
+
+
+def test_dispatched_work_queues_until_first_token() -> None:
+    pred = _pred()
+    a = view("a")
+    first = pred.predict(a, "m", 3000, 0.0)
+    pred.on_dispatch("r1", "a", 3000, first)
+    queued = pred.predict(a, "m", 1000, 0.0)
+    assert queued.wait_s == pytest.approx(0.3)
+    assert queued.ttft_s == pytest.approx(0.4)
+    pred.on_first_token("r1", 0.3, 0.3)
+    assert pred.predict(a, "m", 1000, 0.3).wait_s == 0.0
+    pred.on_finish("r1", 1.0)
+    assert pred.num_pending() == 0
+
+
+def test_engine_reported_queue_counts_when_larger() -> None:
+    pred = _pred()
+    est = pred.predict(view("a", waiting=4), "m", 0, 0.0)
+    assert est.wait_s == pytest.approx(4 * 512 / 10_000)
+
+
+def test_priors_most_specific_wins() -> None:
+    h200 = EndpointPrior(prefill_tokens_per_s=20_000.0)
+    pair = EndpointPrior(prefill_tokens_per_s=40_000.0)
+    own = EndpointPrior(prefill_tokens_per_s=80_000.0)
+    cfg = PredictorConfig(default_prior=PRIOR, priors={"h200": h200, "big@h200": pair})
+    pred = LatencyPredictor(cfg)
+    v = view("x", gpu="h200")
+    assert pred.prior(v, "m") is h200
+    assert pred.prior(v, "big") is pair
+    assert pred.prior(view("y", gpu="a100"), "m") is PRIOR
+    pred.set_prior("x", own)
+    assert pred.prior(v, "big") is own
+
+
+def _observe(pred: LatencyPredictor, rid: str, observed_ttft_s: float, now: float) -> None:
+    est = pred.predict(view("a"), "m", 1000, now)
+    pred.on_dispatch(rid, "a", 1000, est)
+    pred.on_first_token(rid, observed_ttft_s, now)
+    pred.on_finish(rid, now)
+
+
+def test_calibration_converges_to_observed_ratio() -> None:
+    pred = _pred()
+    for i in range(60):
+        _observe(pred, f"r{i}", 0.2, float(i))  # prior says 0.1 s: engine is 2x slower
+    assert pred.ttft_factor("a", 60.0) == pytest.approx(2.0, rel=0.02)
+    assert pred.predict(view("a"), "m", 1000, 60.0).ttft_s == pytest.approx(0.2, rel=0.02)
+    assert pred.ttft_factor("other", 60.0) == 1.0
+
+
+def test_one_outlier_moves_the_factor_a_bounded_step() -> None:
+    pred = _pred(ewma_alpha=0.2, clip_ratio=4.0)
+    _observe(pred, "r", 100.0, 0.0)  # 1000x the prediction
+    assert pred.ttft_factor("a", 0.0) == pytest.approx(4.0**0.2)
+
+
+def test_calibration_decays_toward_the_prior() -> None:
+    pred = _pred(half_life_s=10.0)
+    for i in range(40):
+        _observe(pred, f"r{i}", 0.3, 0.0)
+    at_once = pred.ttft_factor("a", 0.0)
+    assert at_once > 2.5
+    assert pred.ttft_factor("a", 10.0) == pytest.approx(at_once**0.5)
+    assert pred.ttft_factor("a", 1000.0) == pytest.approx(1.0, abs=1e-6)
+
+
+def test_tpot_calibrates_from_finish() -> None:
+    pred = _pred()
+    for i in range(60):
+        est = pred.predict(view("a"), "m", 10, float(i))
+        pred.on_dispatch(f"r{i}", "a", 10, est)
+        pred.on_finish(f"r{i}", float(i), tpot_s=est.raw_tpot_s * 0.5)
+    assert pred.tpot_factor("a", 60.0) == pytest.approx(0.5, rel=0.02)
+    assert pred.throughput_tokens_per_s(view("a"), "m", 60.0) == pytest.approx(4000.0, rel=0.02)
+
+
+def test_pending_is_bounded_and_unqueues_on_eviction() -> None:
+    pred = _pred(max_pending=3)
+    a = view("a")
+    est = pred.predict(a, "m", 100, 0.0)
+    for i in range(10):
+        pred.on_dispatch(f"r{i}", "a", 100, est)
+    assert pred.num_pending() == 3
+    assert pred.queued_tokens(a) == 300
+
+
+def test_garbage_observations_are_ignored() -> None:
+    pred = _pred()
+    est = pred.predict(view("a"), "m", 1000, 0.0)
+    pred.on_dispatch("r", "a", 1000, est)
+    pred.on_first_token("r", float("nan"), 0.0)
+    pred.on_first_token("unknown", 1.0, 0.0)
+    pred.on_finish("r", 0.0, tpot_s=-1.0)
+    assert pred.ttft_factor("a", 0.0) == 1.0 and pred.tpot_factor("a", 0.0) == 1.0
