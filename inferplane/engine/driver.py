@@ -257,6 +257,8 @@ class EngineDriver:
         offset = self._offset_s
         for event in events:
             kind = type(event)
+            if self._crash_pending and kind in (TokensGenerated, RequestFinished):
+                continue  # the engine died at the crash point: later results never happen
             if kind is TokensGenerated:
                 assert isinstance(event, TokensGenerated)
                 self._on_tokens(event, event.time_s + offset)
@@ -288,9 +290,12 @@ class EngineDriver:
             else:
                 metrics.inter_token.observe(when - stream.last_token_s)
         stream.last_token_s = when
-        stream._push(event.token_ids)
-        if self.faults.crash_due(stream.num_tokens):
+        tokens = event.token_ids
+        limit = self.faults.config.crash_after_tokens
+        if limit is not None and stream.num_tokens + len(tokens) >= limit:
+            tokens = tokens[: max(0, limit - stream.num_tokens)]
             self._crash_pending = True
+        stream._push(tokens)
 
     def _on_finished(self, event: RequestFinished, when: float) -> None:
         stream = self._streams.pop(event.request_id, None)

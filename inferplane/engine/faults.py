@@ -103,11 +103,6 @@ class FaultInjector:
         self.num_injected_errors += 1
         return self.config.error_status
 
-    def crash_due(self, num_tokens: int) -> bool:
-        """Whether a request that has now streamed ``num_tokens`` triggers the crash."""
-        limit = self.config.crash_after_tokens
-        return limit is not None and num_tokens >= limit
-
     def disarm_crash(self) -> None:
         self.config = replace(self.config, crash_after_tokens=None)
         self.num_crashes += 1
