@@ -18,6 +18,9 @@ import zmq
 import zmq.asyncio
 
 from inferplane.core.prefix_index import PrefixIndex, block_keys
+from inferplane.engine.kv_publisher import KVEncoding, KVEventPublisher
+from inferplane.engine.types import BlockRemoved as EngineBlockRemoved
+from inferplane.engine.types import BlockStored as EngineBlockStored
 from inferplane.gateway.kv_subscriber import (
     KVEventSubscriber,
     KVSource,
@@ -236,3 +239,40 @@ async def test_reconnect_to_a_restarted_engine_resyncs(ctx: zmq.asyncio.Context)
     assert subscriber.status()["e1"].clears >= 1
     await subscriber.close()
     await engine.close()
+
+
+@pytest.mark.parametrize("encoding", list(KVEncoding))
+async def test_with_the_emulated_engines_publisher(
+    ctx: zmq.asyncio.Context, encoding: KVEncoding
+) -> None:
+    """The engine's real publisher, joined late: history arrives through its replay socket."""
+    publisher = KVEventPublisher("kv@test", encoding=encoding)
+    await publisher.start()
+    tokens = tokens_for(9, 4)
+    hashes = [(0xABC0 + i) * 0x9E3779B97F4A7C15 & (2**64 - 1) for i in range(4)]
+    publisher.publish(1.0, [engine_stored(hashes, tokens, 0, 2)])
+    index = PrefixIndex()
+    subscriber = KVEventSubscriber(index, ctx=ctx)
+    assert publisher.replay_endpoint is not None
+    subscriber.add(KVSource("e1", publisher.pub_endpoint, publisher.replay_endpoint))
+    await wait_until(lambda: subscriber.status()["e1"].state is LinkState.CONNECTED)
+    keys = block_keys(tokens)
+    while index.match(keys, ["e1"])["e1"] < 4:
+        publisher.publish(2.0, [engine_stored(hashes, tokens, 2, 4)])  # until one arrives live
+        await asyncio.sleep(0.02)
+    publisher.publish(3.0, [EngineBlockRemoved(time_s=3.0, block_hashes=(hashes[1],))])
+    await wait_until(lambda: index.match(keys, ["e1"])["e1"] == 1)
+    status = subscriber.status()["e1"]
+    assert status.decode_errors == 0 and status.last_seq == publisher.next_seq - 1
+    await subscriber.close()
+    await publisher.close()
+
+
+def engine_stored(hashes: list[int], tokens: list[int], first: int, last: int) -> EngineBlockStored:
+    return EngineBlockStored(
+        time_s=0.0,
+        block_hashes=tuple(hashes[first:last]),
+        parent_block_hash=hashes[first - 1] if first else None,
+        token_ids=tuple(tokens[first * BS : last * BS]),
+        block_size=BS,
+    )
