@@ -1,30 +1,24 @@
 """The prefix index: which endpoint holds which leading KV blocks of a prompt (pure).
 
-One interface, two sources of truth:
+One interface, two sources. Precise: decoded vLLM KV events
+(:mod:`inferplane.core.kv_events`) per endpoint. Engines seed their block hashes per
+process, so the index keys blocks by its *own* chained hash of token ids
+(:func:`block_keys`) and keeps per endpoint a map engine hash -> own key, to apply a
+``BlockRemoved`` and to find a child's parent. Speculative / approximate:
+:meth:`PrefixIndex.record_route` inserts what the gateway just routed; with events it
+lives a short TTL (a burst of siblings co-locates before the events arrive) unless a
+``BlockStored`` confirms it; without events it is all there is, kept longer, LRU-bound.
 
-* precise: decoded vLLM KV events (:mod:`inferplane.core.kv_events`) applied per
-  endpoint. Engines seed their block hashes per process, so hashes from two engines
-  cannot be compared; the index keys every block by its *own* chained hash of token ids
-  (:func:`block_keys`) and keeps, per endpoint, a map engine-hash -> own key so a
-  ``BlockRemoved`` can be applied and a child block can find its parent's own key.
-* speculative / approximate: :meth:`PrefixIndex.record_route` inserts the blocks of a
-  request the gateway just routed. On an endpoint with events the entries live for a
-  short TTL (siblings of a burst co-locate before the engine's events arrive) and a
-  ``BlockStored`` confirms them; on an endpoint without events they are all the index
-  knows, so they live longer and are bounded by LRU.
-
-:meth:`PrefixIndex.match` answers, per endpoint, the longest run of consecutive leading
-blocks present (the score llm-d and Dynamo route on); :meth:`PrefixIndex.weighted_match`
-weighs blocks held only in CPU memory at ``cpu_weight``.
-
-Memory is bounded: ``max_entries`` (endpoint, block) entries overall (evicting the
-least recently stored or routed entry of the endpoint holding the most) and
+:meth:`PrefixIndex.match` gives per endpoint the longest run of leading blocks present;
+:meth:`PrefixIndex.weighted_match` counts a block held only in CPU memory ``cpu_weight``.
+Memory is bounded by ``max_entries`` (endpoint, block) entries (evicting the least
+recently stored or routed entry of the endpoint holding the most) and
 ``max_engine_hashes`` (past it, the endpoint that overflowed is cleared). Pure: ``now``
 is passed in; no clock, no I/O; not thread-safe (one event loop owns it).
 
-Own keys are Python's tuple hash of ``(parent key, 16 token ids)``: deterministic across
-processes for ints, 64-bit, and ~25 us per 1K tokens. It is not a cryptographic hash: a
-crafted collision can only mislead routing (a cache miss), never change an answer.
+Own keys are Python's tuple hash of ``(parent key, block token ids)``: 64-bit, the same in
+every process for ints, ~15 us per 1K tokens. Not cryptographic: a crafted collision
+can only mislead routing (a cache miss), never change an answer.
 """
 
 from __future__ import annotations
@@ -331,19 +325,14 @@ class PrefixIndex:
     def _expire_oldest(self, ep: _Endpoint, now: float) -> None:
         # Approximate entries are touched exactly when their expiry is set, so the LRU
         # order is the expiry order: expire from the front.
-        entries = ep.entries
-        while entries:
-            key = next(iter(entries))
-            if ep.expiry.get(key, now) > now:
-                return
-            ep.expiry.pop(key, None)
+        while ep.entries and ep.expiry.get(key := next(iter(ep.entries)), now) <= now:
             self._unset(ep, key, GUESS | _TIERS)
 
     # -- queries ------------------------------------------------------------------
 
     def match(self, keys: Sequence[int], endpoints: Iterable[str]) -> dict[str, int]:
         """Per endpoint, how many leading blocks of ``keys`` it holds (any tier)."""
-        bits = [(name, self._bit(name)) for name in endpoints]
+        bits = [(n, ep.bit if (ep := self._endpoints.get(n)) else 0) for n in endpoints]
         active = 0
         for _, bit in bits:
             active |= bit
@@ -448,7 +437,3 @@ class PrefixIndex:
         self._num_entries -= 1
         self._unhold(key, victim.bit)
         self._evictions += 1
-
-    def _bit(self, name: str) -> int:
-        ep = self._endpoints.get(name)
-        return 0 if ep is None else ep.bit

@@ -294,3 +294,15 @@ def test_removal_from_a_tier_that_never_held_the_block_keeps_it() -> None:
     index.apply_events("a", [BlockRemoved(block_hashes=tuple(hashes))], now=0.0)
     assert index.match(block_keys(tokens), ["a"]) == {"a": 0}
     assert index.stats().num_engine_hashes == 0
+
+
+def test_eviction_takes_the_oldest_entry_of_the_largest_endpoint() -> None:
+    index = PrefixIndex(PrefixIndexConfig(max_entries=6))
+    big, small = block_keys(list(range(4 * BS))), block_keys(list(range(500, 500 + 2 * BS)))
+    index.record_route("big", big, now=0.0)
+    index.record_route("small", small, now=0.0)
+    index.record_route("big", big[:1], now=1.0)  # touch block 0: block 1 is now the oldest
+    index.record_route("small", block_keys(list(range(900, 900 + BS))), now=2.0)
+    assert index.stats().num_entries == 6 and index.stats().evictions == 1
+    assert index.match(big, ["big"]) == {"big": 1}  # block 1 went, so the run stops there
+    assert index.match(small, ["small"]) == {"small": 2}

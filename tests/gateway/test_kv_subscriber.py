@@ -179,6 +179,8 @@ async def test_restart_with_seq_back_to_zero_clears(ctx: zmq.asyncio.Context) ->
     await wait_until(lambda: index.match(block_keys(new), ["e1"])["e1"] == 2)
     assert index.match(block_keys(old), ["e1"])["e1"] == 0
     assert subscriber.status()["e1"].clears == 1
+    await subscriber.remove("e1")  # the endpoint left the fleet: its blocks go too
+    assert index.match(block_keys(new), ["e1"])["e1"] == 0
     await subscriber.close()
     await engine.close()
 
