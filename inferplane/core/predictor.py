@@ -9,8 +9,11 @@ Model (per endpoint, from a prior of the endpoint's hardware, calibrated online)
   prefill rate. Wait is the uncached prefill work queued ahead (what this predictor saw
   dispatched there and not yet started streaming, or, when the engine reports a longer
   queue, its waiting count times the mean uncached prompt) over the same rate, plus decode
-  interference: running decodes take a share of every chunked-prefill step and add their
-  per-sequence cost to each chunk.
+  interference (running decodes take a share of every chunked-prefill step and add their
+  per-sequence cost to each chunk), plus the wait for a sequence slot when the batch is
+  full or the engine queues (calls ahead x mean output tokens x TPOT / max_num_seqs),
+  plus the first step itself. A fully cached call on a saturated replica therefore still
+  predicts a long TTFT, which is what lets routing leave a hot prefix holder.
 * TPOT = base + per-sequence cost x batch + full-KV read cost x KV usage.
 
 Calibration: each observed TTFT (TPOT) divided by the uncalibrated prediction made at
@@ -29,6 +32,7 @@ from inferplane.core.routing_config import EndpointPrior, PredictorConfig
 from inferplane.core.types import EndpointView
 
 _INITIAL_MEAN_UNCACHED_TOKENS = 512.0
+_MAX_RESOLVED = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +91,7 @@ class LatencyPredictor:
     def __init__(self, config: PredictorConfig | None = None) -> None:
         self.config = config or PredictorConfig()
         self._priors: dict[str, EndpointPrior] = {}
+        self._resolved: dict[tuple[str, str, str], EndpointPrior] = {}  # bounded by fleet
         self._ttft: dict[str, _Factor] = {}
         self._tpot: dict[str, _Factor] = {}
         self._pending: dict[str, _Pending] = {}
@@ -99,15 +104,23 @@ class LatencyPredictor:
     def set_prior(self, endpoint: str, prior: EndpointPrior) -> None:
         """Override the configured prior of one endpoint (e.g. built from its profile)."""
         self._priors[endpoint] = prior
+        self._resolved.clear()
 
     def prior(self, view: EndpointView, model: str) -> EndpointPrior:
         """The endpoint's own prior, else ``model@gpu``, else ``gpu``, else the default."""
-        own = self._priors.get(view.name)
-        if own is not None:
-            return own
-        table = self.config.priors
-        gpu = view.info.gpu
-        return table.get(f"{model}@{gpu}") or table.get(gpu) or self.config.default_prior
+        key = (view.name, model, view.info.gpu)
+        found = self._resolved.get(key)
+        if found is None:
+            table, gpu = self.config.priors, view.info.gpu
+            found = (
+                self._priors.get(view.name)
+                or table.get(f"{model}@{gpu}")
+                or table.get(gpu)
+                or self.config.default_prior
+            )
+            if len(self._resolved) < _MAX_RESOLVED:
+                self._resolved[key] = found
+        return found
 
     def ttft_factor(self, endpoint: str, now: float) -> float:
         factor = self._ttft.get(endpoint)
@@ -130,28 +143,47 @@ class LatencyPredictor:
     ) -> LatencyEstimate:
         """TTFT and TPOT of a call with ``num_uncached_tokens`` to prefill, sent now."""
         prior = self.prior(view, model)
-        own_tokens = max(0, num_uncached_tokens)
-        ahead_tokens = self.queued_tokens(view)
-        running = max(view.load.num_running, view.in_flight - self._queued_calls.get(view.name, 0))
-        rate = prior.prefill_tokens_per_s
-        ahead_s, own_s = ahead_tokens / rate, own_tokens / rate
-        # Decodes share each chunked-prefill step's token budget and add per-sequence cost.
-        share = running / max(1.0, prior.chunk_tokens - running)
-        chunks = math.ceil((ahead_tokens + own_tokens) / prior.chunk_tokens)
-        interference_s = (ahead_s + own_s) * share + chunks * running * prior.decode_per_seq_s
-        raw_ttft = ahead_s + own_s + interference_s
-        batch = max(view.load.num_running, view.in_flight) + 1
-        kv = min(1.0, max(0.0, view.load.kv_usage))
+        load = view.load
+        outstanding = max(load.num_running + load.num_waiting, view.in_flight)
+        batch = min(outstanding, prior.max_num_seqs) + 1
+        kv = min(1.0, max(0.0, load.kv_usage))
         raw_tpot = (
             prior.decode_base_s + prior.decode_per_seq_s * batch + prior.decode_full_kv_s * kv
         )
-        f_ttft = self.ttft_factor(view.name, now)
-        f_tpot = self.tpot_factor(view.name, now)
-        wait_s = (ahead_s + interference_s) * f_ttft
-        prefill_s = own_s * f_ttft
-        return LatencyEstimate(
-            wait_s + prefill_s, raw_tpot * f_tpot, wait_s, prefill_s, raw_ttft, raw_tpot
+        own_s = max(0, num_uncached_tokens) / prior.prefill_tokens_per_s
+        ahead_s, interference_s = self._prefill_ahead_s(view, prior, num_uncached_tokens)
+        # No free sequence slot (or the engine already queues): wait for calls to finish.
+        excess = max(
+            outstanding + 1 - prior.max_num_seqs, load.num_waiting + 1 if load.num_waiting else 0
         )
+        slot_wait_s = excess * prior.mean_output_tokens * raw_tpot / prior.max_num_seqs
+        raw_wait = ahead_s + interference_s + slot_wait_s + raw_tpot  # + the first step itself
+        f_ttft = self.ttft_factor(view.name, now)
+        wait_s, prefill_s = raw_wait * f_ttft, own_s * f_ttft
+        return LatencyEstimate(
+            wait_s + prefill_s,
+            raw_tpot * self.tpot_factor(view.name, now),
+            wait_s,
+            prefill_s,
+            raw_wait + own_s,
+            raw_tpot,
+        )
+
+    def _prefill_ahead_s(
+        self, view: EndpointView, prior: EndpointPrior, num_uncached_tokens: int
+    ) -> tuple[float, float]:
+        """(queued prefill ahead, decode interference) in uncalibrated seconds."""
+        own_tokens = max(0, num_uncached_tokens)
+        ahead_tokens = self.queued_tokens(view)
+        started = view.in_flight - self._queued_calls.get(view.name, 0)
+        running = min(max(view.load.num_running, started), prior.max_num_seqs)
+        rate = prior.prefill_tokens_per_s
+        # Decodes share each chunked-prefill step's token budget and add per-sequence cost.
+        share = running / max(1.0, prior.chunk_tokens - running)
+        chunks = math.ceil((ahead_tokens + own_tokens) / prior.chunk_tokens)
+        work_s = (ahead_tokens + own_tokens) / rate
+        interference_s = work_s * share + chunks * running * prior.decode_per_seq_s
+        return ahead_tokens / rate, interference_s
 
     def prefill_s(self, view: EndpointView, model: str, num_tokens: int, now: float) -> float:
         """Calibrated time to prefill ``num_tokens`` on an idle endpoint (what a cache saves)."""

@@ -35,7 +35,8 @@ class EndpointPrior(_Frozen):
     """What an endpoint is expected to do before it has been observed (calibrated online).
 
     ``tpot = decode_base_s + decode_per_seq_s * batch + decode_full_kv_s * kv_usage``;
-    prefill runs at ``prefill_tokens_per_s`` in chunks of ``chunk_tokens``;
+    prefill runs at ``prefill_tokens_per_s`` in chunks of ``chunk_tokens``; at most
+    ``max_num_seqs`` calls run at once, each holding its slot ~``mean_output_tokens`` steps;
     ``throughput_tokens_per_s`` (output tokens/s at saturation) prices a token.
     The defaults are Llama-3-8B on one H100 (REFERENCE §2).
     """
@@ -46,6 +47,8 @@ class EndpointPrior(_Frozen):
     decode_per_seq_s: float = Field(default=0.00006, ge=0)
     decode_full_kv_s: float = Field(default=0.02, ge=0)
     throughput_tokens_per_s: float = Field(default=5_000.0, gt=0)
+    max_num_seqs: int = Field(default=256, ge=1)  # batch slots; beyond, calls queue
+    mean_output_tokens: float = Field(default=256.0, gt=0)  # how long a slot stays taken
 
 
 class PredictorConfig(_Frozen):

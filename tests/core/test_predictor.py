@@ -24,10 +24,11 @@ def _pred(**kw: object) -> LatencyPredictor:
 
 def test_idle_endpoint_is_own_prefill_and_base_decode() -> None:
     est = _pred().predict(view("a"), "m", 2000, 0.0)
-    assert est.ttft_s == pytest.approx(0.2)
-    assert est.wait_s == 0.0 and est.prefill_s == pytest.approx(0.2)
-    assert est.tpot_s == pytest.approx(0.01 + 0.001)
-    assert est.e2e_s(11) == pytest.approx(0.2 + 10 * 0.011)
+    step_s = 0.01 + 0.001  # batch of one; the first token needs one step
+    assert est.tpot_s == pytest.approx(step_s)
+    assert est.prefill_s == pytest.approx(0.2) and est.wait_s == pytest.approx(step_s)
+    assert est.ttft_s == pytest.approx(0.2 + step_s)
+    assert est.e2e_s(11) == pytest.approx(0.2 + step_s + 10 * step_s)
 
 
 def test_tpot_grows_with_batch_and_kv() -> None:
@@ -43,7 +44,8 @@ def test_running_decodes_interfere_with_prefill() -> None:
     alone = pred.predict(view("a"), "m", 2000, 0.0).ttft_s
     busy = pred.predict(view("a", running=100), "m", 2000, 0.0)
     # 100 decodes take 100 of 1000 tokens per step and add 2 chunks x 100 x 1 ms.
-    assert busy.ttft_s == pytest.approx(0.2 + 0.2 * 100 / 900 + 0.2)
+    step_s = 0.01 + 0.001 * 101
+    assert busy.ttft_s == pytest.approx(0.2 + 0.2 * 100 / 900 + 0.2 + step_s)
     assert busy.ttft_s > alone
 
 
@@ -53,10 +55,10 @@ def test_dispatched_work_queues_until_first_token() -> None:
     first = pred.predict(a, "m", 3000, 0.0)
     pred.on_dispatch("r1", "a", 3000, first)
     queued = pred.predict(a, "m", 1000, 0.0)
-    assert queued.wait_s == pytest.approx(0.3)
-    assert queued.ttft_s == pytest.approx(0.4)
-    pred.on_first_token("r1", 0.3, 0.3)
-    assert pred.predict(a, "m", 1000, 0.3).wait_s == 0.0
+    assert queued.wait_s == pytest.approx(0.3 + 0.011)
+    assert queued.ttft_s == pytest.approx(0.4 + 0.011)
+    pred.on_first_token("r1", first.raw_ttft_s, 0.3)  # as predicted: factor stays 1
+    assert pred.predict(a, "m", 1000, 0.3).wait_s == pytest.approx(0.011)
     pred.on_finish("r1", 1.0)
     assert pred.num_pending() == 0
 
@@ -64,7 +66,20 @@ def test_dispatched_work_queues_until_first_token() -> None:
 def test_engine_reported_queue_counts_when_larger() -> None:
     pred = _pred()
     est = pred.predict(view("a", waiting=4), "m", 0, 0.0)
-    assert est.wait_s == pytest.approx(4 * 512 / 10_000)
+    step_s = 0.01 + 0.001 * 5
+    slot_s = 5 * 256 * step_s / 256  # the engine queues: wait for 5 slots to free
+    assert est.wait_s == pytest.approx(4 * 512 / 10_000 + slot_s + step_s)
+
+
+def test_full_batch_waits_for_a_slot_even_when_cached() -> None:
+    pred = LatencyPredictor(
+        PredictorConfig(default_prior=PRIOR.model_copy(update={"max_num_seqs": 8}))
+    )
+    free = pred.predict(view("a", running=4), "m", 0, 0.0)
+    full = pred.predict(view("a", in_flight=40), "m", 0, 0.0)
+    step_s = 0.01 + 0.001 * 9
+    assert full.wait_s == pytest.approx(33 * 256 * step_s / 8 + step_s)
+    assert free.wait_s < 0.02 < full.wait_s
 
 
 def test_priors_most_specific_wins() -> None:
@@ -81,32 +96,33 @@ def test_priors_most_specific_wins() -> None:
     assert pred.prior(v, "big") is own
 
 
-def _observe(pred: LatencyPredictor, rid: str, observed_ttft_s: float, now: float) -> None:
+def _observe(pred: LatencyPredictor, rid: str, times_prior: float, now: float) -> None:
     est = pred.predict(view("a"), "m", 1000, now)
     pred.on_dispatch(rid, "a", 1000, est)
-    pred.on_first_token(rid, observed_ttft_s, now)
+    pred.on_first_token(rid, est.raw_ttft_s * times_prior, now)
     pred.on_finish(rid, now)
 
 
 def test_calibration_converges_to_observed_ratio() -> None:
     pred = _pred()
     for i in range(60):
-        _observe(pred, f"r{i}", 0.2, float(i))  # prior says 0.1 s: engine is 2x slower
+        _observe(pred, f"r{i}", 2.0, float(i))  # the engine is 2x slower than its prior
     assert pred.ttft_factor("a", 60.0) == pytest.approx(2.0, rel=0.02)
-    assert pred.predict(view("a"), "m", 1000, 60.0).ttft_s == pytest.approx(0.2, rel=0.02)
+    est = pred.predict(view("a"), "m", 1000, 60.0)
+    assert est.ttft_s == pytest.approx(2.0 * est.raw_ttft_s, rel=0.02)
     assert pred.ttft_factor("other", 60.0) == 1.0
 
 
 def test_one_outlier_moves_the_factor_a_bounded_step() -> None:
     pred = _pred(ewma_alpha=0.2, clip_ratio=4.0)
-    _observe(pred, "r", 100.0, 0.0)  # 1000x the prediction
+    _observe(pred, "r", 1000.0, 0.0)  # 1000x the prediction
     assert pred.ttft_factor("a", 0.0) == pytest.approx(4.0**0.2)
 
 
 def test_calibration_decays_toward_the_prior() -> None:
     pred = _pred(half_life_s=10.0)
     for i in range(40):
-        _observe(pred, f"r{i}", 0.3, 0.0)
+        _observe(pred, f"r{i}", 3.0, 0.0)
     at_once = pred.ttft_factor("a", 0.0)
     assert at_once > 2.5
     assert pred.ttft_factor("a", 10.0) == pytest.approx(at_once**0.5)

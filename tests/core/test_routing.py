@@ -10,8 +10,14 @@ from hypothesis import strategies as st
 
 from inferplane.core.affinity import AffinityTable
 from inferplane.core.filters import apply_filters
+from inferplane.core.predictor import LatencyPredictor
 from inferplane.core.routing import choose_target, route
-from inferplane.core.routing_config import RoutingConfig, ScorerWeights
+from inferplane.core.routing_config import (
+    EndpointPrior,
+    PredictorConfig,
+    RoutingConfig,
+    ScorerWeights,
+)
 from inferplane.core.types import (
     EndpointState,
     EndpointView,
@@ -216,3 +222,27 @@ def test_affinity_table_ttl_and_bound() -> None:
     assert len(table) == 2
     assert table.get("w1", 21.0) is None and table.get("w3", 21.0) == "c"
     assert table.get(None, 21.0) is None
+
+
+def test_burst_on_one_prefix_spills_once_the_holder_queues() -> None:
+    """Closed loop: the predictor sees dispatched prefill work queue up on the holder."""
+    small = EndpointPrior(max_num_seqs=16)  # a small batch saturates within the burst
+    pred = LatencyPredictor(PredictorConfig(default_prior=small))
+    matcher = FixedMatcher({"holder": 400})
+    in_flight = {"holder": 0, "b": 0, "c": 0}
+    c = call(prompt=6400, keys=tuple(range(400)))
+    picks: list[str] = []
+    for i in range(60):
+        views = [view(n, in_flight=f) for n, f in in_flight.items()]
+        decision = route(c, views, 0.0, random.Random(i), predictor=pred, prefix_index=matcher)
+        primary = decision.ranked[0]
+        cached = 6400 if primary.name == "holder" else 0
+        estimate = pred.predict(
+            next(v for v in views if v.name == primary.name), "m", 6400 - cached, 0.0
+        )
+        pred.on_dispatch(f"r{i}", primary.name, 6400 - cached, estimate)
+        in_flight[primary.name] += 1
+        picks.append(primary.name)
+    assert picks[0] == "holder"
+    assert picks.count("holder") > picks.count("b") and picks.count("holder") > picks.count("c")
+    assert picks.count("holder") < len(picks)  # the rule withdrew the bonus at some point
