@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import threading
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from aiohttp import web
 
 from inferplane.config import FleetConfig, parse_config
 from inferplane.gateway.app import Gateway, start_server
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -189,3 +192,19 @@ async def running_gateway(config: FleetConfig) -> AsyncIterator[tuple[Gateway, s
         yield gateway, f"http://127.0.0.1:{port}"
     finally:
         await runner.cleanup()
+
+
+class BackgroundLoop:
+    """An event loop in a daemon thread, for synchronous tests (hypothesis, blocking clients)."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout_s: float = 60.0) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(5)
