@@ -227,19 +227,22 @@ def score_all(
 ) -> dict[str, tuple[float, tuple[AxisScore, ...]]]:
     """Per endpoint: the weighted mean score in [0, 1] and every axis that has weight."""
     pool = PoolStats.of(ctx, views)
-    active = [(axis, fn, weights.get(axis, 0.0)) for axis, fn in SCORERS]
-    active = [item for item in active if item[2] > 0]
-    total_w = sum(w for _, _, w in active)
+    active = [(fn, w) for axis, fn in SCORERS if (w := weights.get(axis, 0.0)) > 0]
+    total_w = sum(w for _, w in active)
     out: dict[str, tuple[float, tuple[AxisScore, ...]]] = {}
     for view in views:
-        axes = tuple(_clamped(fn(ctx, pool, view)) for _, fn, _ in active)
-        raw = sum(a.score * w for a, (_, _, w) in zip(axes, active, strict=True))
-        out[view.name] = (min(1.0, max(0.0, raw / total_w)) if total_w > 0 else 0.0, axes)
+        axes: list[AxisScore] = []
+        raw = 0.0
+        for fn, w in active:
+            axis = fn(ctx, pool, view)
+            if not 0.0 <= axis.score <= 1.0:
+                axis = _clamped(axis)
+            axes.append(axis)
+            raw += axis.score * w
+        out[view.name] = (min(1.0, max(0.0, raw / total_w)) if total_w > 0 else 0.0, tuple(axes))
     return out
 
 
 def _clamped(axis: AxisScore) -> AxisScore:
-    if 0.0 <= axis.score <= 1.0:
-        return axis
     score = 0.0 if axis.score != axis.score else min(1.0, max(0.0, axis.score))  # NaN -> 0
     return AxisScore(axis.axis, score, axis.reason)
