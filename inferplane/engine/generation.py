@@ -68,6 +68,18 @@ class TokenGenerator:
             return EOS_TOKEN_ID
         return FIRST_TEXT_TOKEN_ID + (z & 0xFFFFFFFF) % _NUM_TEXT_TOKENS
 
+    def step(self, context_hash: int, ignore_eos: bool) -> tuple[int, int]:
+        """``next_token`` and the context hash extended by it, in one call (the hot path)."""
+        z = ((context_hash ^ (context_hash >> 30)) * _MUL_A) & _MASK64
+        z = ((z ^ (z >> 27)) * _MUL_B) & _MASK64
+        z ^= z >> 31
+        if not ignore_eos and (z >> 32) < self._eos_threshold:
+            token = EOS_TOKEN_ID
+        else:
+            token = FIRST_TEXT_TOKEN_ID + (z & 0xFFFFFFFF) % _NUM_TEXT_TOKENS
+        h = ((context_hash ^ token) * _MUL_FOLD + token + 1) & _MASK64
+        return token, h ^ (h >> 31)
+
     def generate(
         self, prompt_token_ids: Iterable[int], max_tokens: int, *, ignore_eos: bool = False
     ) -> list[int]:

@@ -131,8 +131,9 @@ class EngineModel:
     def advance(self, now: float, *, emit_tokens: bool = True) -> list[EngineEvent]:
         """Run every step that ends at or before ``now``; the events, oldest first.
 
-        ``emit_tokens=False`` skips per-token TokensGenerated events (a simulator needs
-        only scheduling, finishes and KV events); tokens are still generated.
+        ``emit_tokens=False`` reports only the first TokensGenerated of each request (its
+        time is the TTFT) and skips the rest: a simulator needs scheduling, first tokens,
+        finishes and KV events; all tokens are still generated and counted.
         """
         self._emit_tokens = emit_tokens
         self._run_until(now)

@@ -28,7 +28,7 @@ import enum
 import heapq
 from dataclasses import dataclass, field
 
-from inferplane.engine.generation import TokenGenerator, context_hash, mix
+from inferplane.engine.generation import TokenGenerator, context_hash
 from inferplane.engine.kvcache import BlockPool
 from inferplane.engine.types import (
     EOS_TOKEN_ID,
@@ -220,13 +220,16 @@ class Scheduler:
 
     def _schedule_running(self, plan: StepPlan, budget: int) -> tuple[int, bool]:
         running, pool, bs = self.running, self._pool, self._bs
+        seqs, nums = plan.seqs, plan.num_new
         preempted = False
+        num_decodes = decode_context = 0
         i = 0
         while i < len(running) and budget > 0:
             seq = running[i]
-            num_new = min(len(seq.token_ids) - seq.num_computed, budget)
-            need = -(-(seq.num_computed + num_new) // bs) - len(seq.block_ids)
-            if need > 0:
+            computed = seq.num_computed
+            num_new = min(len(seq.token_ids) - computed, budget)
+            if computed + num_new > len(seq.block_ids) * bs:  # needs new blocks
+                need = -(-(computed + num_new) // bs) - len(seq.block_ids)
                 while need > pool.num_free:
                     victim = self._victim(i)
                     self._preempt(victim, plan)
@@ -236,9 +239,17 @@ class Scheduler:
                 if seq.status is not SeqStatus.RUNNING:
                     continue  # it preempted itself; running[i] is now the next one
                 seq.block_ids.extend(pool.allocate(need))
-            plan.add(seq, num_new)
+            if num_new == 1:  # the hot path: a decode, aggregated inline
+                seqs.append(seq)
+                nums.append(1)
+                num_decodes += 1
+                decode_context += computed
+            else:
+                plan.add(seq, num_new)
             budget -= num_new
             i += 1
+        plan.num_decode_seqs += num_decodes
+        plan.decode_context_tokens += decode_context
         return budget, preempted
 
     def _schedule_waiting(self, plan: StepPlan, budget: int) -> None:
@@ -273,9 +284,12 @@ class Scheduler:
             budget -= num_new
 
     def complete(self, plan: StepPlan, *, emit_tokens: bool = True) -> list[EngineEvent]:
-        """Apply a planned step at its end: KV progress, caching, sampling, finishes."""
+        """Apply a planned step at its end: KV progress, caching, sampling, finishes.
+
+        Without ``emit_tokens`` only each request's first token is reported (for TTFT).
+        """
         end_s, bs, kv_events = plan.end_s, self._bs, self.kv_events
-        next_token = self._gen.next_token
+        step = self._gen.step
         events: list[EngineEvent] = []
         finished = False
         for seq, num_new in zip(plan.seqs, plan.num_new, strict=True):
@@ -288,14 +302,14 @@ class Scheduler:
             tokens = seq.token_ids
             if computed < len(tokens):
                 continue  # a prefill chunk, more to come
-            token = next_token(seq.gen_hash, ignore_eos=seq.request.ignore_eos)
+            token, seq.gen_hash = step(seq.gen_hash, seq.request.ignore_eos)
             tokens.append(token)
-            seq.gen_hash = mix(seq.gen_hash, token)
             self.generation_tokens_total += 1
-            if not seq.prompt_done:
+            first = not seq.prompt_done
+            if first:
                 seq.prompt_done = True
                 self.prompt_tokens_total += seq.num_prompt_tokens
-            if emit_tokens:
+            if emit_tokens or first:
                 events.append(TokensGenerated(end_s, seq.request.request_id, (token,)))
             if token == EOS_TOKEN_ID:
                 self._finish(seq, FinishReason.STOP, end_s, events)

@@ -73,3 +73,14 @@ def test_ignore_eos_never_stops() -> None:
     assert gen.generate([100], 5) == [EOS_TOKEN_ID]
     out = gen.generate([100], 50, ignore_eos=True)
     assert len(out) == 50 and EOS_TOKEN_ID not in out
+
+
+def test_step_is_next_token_then_mix() -> None:
+    gen = TokenGenerator(mean_output_tokens=3)
+    h = context_hash([40, 41, 42])
+    for ignore_eos in (False, True):
+        for _ in range(50):
+            token, h2 = gen.step(h, ignore_eos)
+            assert token == gen.next_token(h, ignore_eos=ignore_eos)
+            assert h2 == mix(h, token)
+            h = h2
