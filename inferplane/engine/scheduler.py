@@ -11,8 +11,10 @@ The scheduler follows vLLM v1's unified token-budget design. Each step has a bud
    token is recomputed, as in vLLM) and only the rest is prefilled. The head blocks the
    queue when it does not fit: no overtaking.
 
-When a running sequence needs a block and none is free, the latest-arrived (lowest
-priority) running sequence not yet scheduled this step is preempted by recompute: its
+When a running sequence needs a block and none is free, the latest-arrived (in priority
+mode: lowest-priority, then latest) running sequence is preempted by recompute (the
+running list is kept in that service order, so the victim is always last and never one
+already scheduled in this step): its
 blocks are freed (their cached content stays reusable) and it returns to the front of the
 queue with the tokens it already generated, to be prefilled again later.
 
@@ -58,6 +60,7 @@ class Sequence:
     request: EngineRequest
     arrival_s: float
     order: int  # arrival rank, unique per engine
+    rank: tuple[int, int]  # service order: (priority or 0, order); lower is served first
     token_ids: list[int]  # prompt, then generated tokens
     num_prompt_tokens: int
     max_len: int  # total length at which it stops with LENGTH
@@ -127,8 +130,11 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.priority_scheduling = priority_scheduling
-        self.running: list[Sequence] = []
-        self._waiting: list[tuple[int, int, Sequence]] = []  # heap; aborted entries are stale
+        self.running: list[Sequence] = []  # in service order (rank), see schedule()
+        self._running_unsorted = False
+        self._waiting: list[
+            tuple[tuple[int, int], Sequence]
+        ] = []  # heap; aborted entries are stale
         self.num_waiting = 0
         self._by_id: dict[str, Sequence] = {}
         self._next_order = 0
@@ -164,6 +170,7 @@ class Scheduler:
             request=request,
             arrival_s=now,
             order=self._next_order,
+            rank=(request.priority if self.priority_scheduling else 0, self._next_order),
             token_ids=list(prompt),
             num_prompt_tokens=num_prompt,
             max_len=min(num_prompt + request.max_tokens, self.max_model_len, capacity),
@@ -208,6 +215,9 @@ class Scheduler:
     def schedule(self, now: float) -> StepPlan | None:
         """Plan the step starting at ``now``; None when there is nothing to run."""
         plan = StepPlan(start_s=now)
+        if self._running_unsorted:  # keep running in service order: victims come last
+            self.running.sort(key=_rank)
+            self._running_unsorted = False
         budget, preempted = self._schedule_running(plan, self.max_num_batched_tokens)
         if not preempted:
             self._schedule_waiting(plan, budget)
@@ -231,7 +241,7 @@ class Scheduler:
             if computed + num_new > len(seq.block_ids) * bs:  # needs new blocks
                 need = -(-(computed + num_new) // bs) - len(seq.block_ids)
                 while need > pool.num_free:
-                    victim = self._victim(i)
+                    victim = running[-1]  # latest arrival / lowest priority, not yet run
                     self._preempt(victim, plan)
                     preempted = True
                     if victim is seq:
@@ -279,6 +289,8 @@ class Scheduler:
             if seq.num_cached_tokens < 0:
                 seq.num_cached_tokens = computed
                 plan.events.append(RequestScheduled(plan.start_s, seq.request.request_id, computed))
+            if self.running and seq.rank < self.running[-1].rank:
+                self._running_unsorted = True  # a resumed or higher-priority sequence
             self.running.append(seq)
             plan.add(seq, num_new)
             budget -= num_new
@@ -353,14 +365,6 @@ class Scheduler:
             block_size=bs,
         )
 
-    def _victim(self, first_index: int) -> Sequence:
-        """The running sequence to preempt: latest arrival (lowest priority in priority mode),
-        among those not yet scheduled in this step."""
-        candidates = self.running[first_index:]
-        if self.priority_scheduling:
-            return max(candidates, key=lambda s: (s.request.priority, s.order))
-        return max(candidates, key=lambda s: s.order)
-
     def _preempt(self, seq: Sequence, plan: StepPlan) -> None:
         self.running.remove(seq)
         self._pool.free(seq.block_ids)
@@ -373,14 +377,13 @@ class Scheduler:
 
     def _push_waiting(self, seq: Sequence) -> None:
         seq.status = SeqStatus.WAITING
-        rank = seq.request.priority if self.priority_scheduling else 0
-        heapq.heappush(self._waiting, (rank, seq.order, seq))
+        heapq.heappush(self._waiting, (seq.rank, seq))
         self.num_waiting += 1
 
     def _peek_waiting(self) -> Sequence | None:
         waiting = self._waiting
         while waiting:
-            seq = waiting[0][2]
+            seq = waiting[0][1]
             if seq.status is SeqStatus.WAITING:
                 return seq
             heapq.heappop(waiting)  # stale: aborted while waiting
@@ -404,6 +407,10 @@ class Scheduler:
                 num_completion_tokens=seq.num_output_tokens,
             )
         )
+
+
+def _rank(seq: Sequence) -> tuple[int, int]:
+    return seq.rank
 
 
 def _block_removed(time_s: float, hashes: list[int]) -> EngineEvent:

@@ -182,3 +182,19 @@ def test_sequence_stops_at_the_context_limit() -> None:
     fin = next(e for e in events if isinstance(e, RequestFinished))
     assert fin.num_completion_tokens == 5 and fin.reason.value == "length"
     assert s.running == [] and SeqStatus.FINISHED
+
+
+def test_priority_mode_preempts_the_lowest_priority_even_if_it_arrived_first() -> None:
+    s = make(num_blocks=5, block_size=4, budget=100, priority=True)
+    s.add(req("low", 6, max_tokens=20, first=100, priority=5), 0.0)
+    step(s, 0.0)  # low runs alone, 2 blocks
+    s.add(req("high", 6, max_tokens=20, first=300, priority=0), 1.0)
+    events: list[EngineEvent] = []
+    for t in range(1, 80):
+        if not s.has_work():
+            break
+        events += step(s, float(t))[1]
+    preempted = {e.request_id for e in events if isinstance(e, RequestPreempted)}
+    assert preempted == {"low"}
+    finished = [e.request_id for e in events if isinstance(e, RequestFinished)]
+    assert finished == ["high", "low"]
