@@ -7,9 +7,9 @@ only at its own ``next_event_time()``; client timeouts abort at the engine and m
 with jittered exponential back-off; faults change the fleet. Spend and cost per
 successful task come from the core's ``Accountant``, fed exactly as the gateway feeds it.
 
-Time to first token needs the engine's first ``TokensGenerated`` of each request. Until the
-engine model reports first tokens when ``emit_tokens=False``, the runner asks for per-token
-events (``EMIT_TOKENS``) and keeps only the first one per request.
+Time to first token is the engine's first ``TokensGenerated`` of each request: with
+``emit_tokens=False`` the engine model reports only that one (``EMIT_TOKENS`` turns every
+token event back on, for comparison; the runner keeps only the first either way).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from inferplane.sim.scenario import Scenario
 from inferplane.sim.sources import build_sources
 from inferplane.sim.workload import CallSpec
 
-EMIT_TOKENS = True
+EMIT_TOKENS = False
 _PROGRESS_EVERY = 4096
 _SUCCESS = (FinishReason.STOP, FinishReason.LENGTH)
 _ENGINE_TO_VIEW = {
