@@ -29,6 +29,7 @@ from __future__ import annotations
 import enum
 import heapq
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from inferplane.engine.generation import TokenGenerator, context_hash
 from inferplane.engine.kvcache import BlockPool
@@ -216,14 +217,14 @@ class Scheduler:
         """Plan the step starting at ``now``; None when there is nothing to run."""
         plan = StepPlan(start_s=now)
         if self._running_unsorted:  # keep running in service order: victims come last
-            self.running.sort(key=_rank)
+            self.running.sort(key=attrgetter("rank"))
             self._running_unsorted = False
         budget, preempted = self._schedule_running(plan, self.max_num_batched_tokens)
         if not preempted:
             self._schedule_waiting(plan, budget)
         removed = self._pool.pop_removed()
         if removed and self.kv_events:
-            plan.events.append(_block_removed(now, removed))
+            plan.events.append(BlockRemoved(now, tuple(removed)))
         if not plan.seqs and not plan.events:
             return None
         return plan
@@ -397,21 +398,6 @@ class Scheduler:
             seq.block_ids = []
         seq.status = SeqStatus.FINISHED
         del self._by_id[seq.request.request_id]
-        events.append(
-            RequestFinished(
-                time_s=time_s,
-                request_id=seq.request.request_id,
-                reason=reason,
-                num_prompt_tokens=seq.num_prompt_tokens,
-                num_cached_tokens=max(seq.num_cached_tokens, 0),
-                num_completion_tokens=seq.num_output_tokens,
-            )
-        )
-
-
-def _rank(seq: Sequence) -> tuple[int, int]:
-    return seq.rank
-
-
-def _block_removed(time_s: float, hashes: list[int]) -> EngineEvent:
-    return BlockRemoved(time_s=time_s, block_hashes=tuple(hashes))
+        rid, cached = seq.request.request_id, max(seq.num_cached_tokens, 0)
+        usage = (seq.num_prompt_tokens, cached, seq.num_output_tokens)
+        events.append(RequestFinished(time_s, rid, reason, *usage))
