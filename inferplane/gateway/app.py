@@ -25,6 +25,8 @@ from aiohttp import web
 
 from inferplane.config import FleetConfig
 from inferplane.core.accounting import TaskOutcome
+from inferplane.core.affinity import AffinityTable
+from inferplane.core.predictor import LatencyPredictor
 from inferplane.core.routing import route
 from inferplane.core.types import CallContext, EndpointState
 from inferplane.gateway.context import (
@@ -68,6 +70,10 @@ class Gateway:
             }
         )
         self._fallback = {r.name: r.allow_fallback for r in config.routes}
+        # Long-lived routing state: the predictor keeps its (cached) priors across calls and
+        # the affinity table remembers which endpoint served each workflow's last step.
+        self._predictor = LatencyPredictor()
+        self._affinity = AffinityTable(ttl_s=config.gateway.workflow_idle_ttl_s)
         self._tasks: list[asyncio.Task[None]] = []
         self.clock: Callable[[], float] = _no_clock
         self.session: aiohttp.ClientSession | None = None
@@ -105,7 +111,13 @@ class Gateway:
         connector = aiohttp.TCPConnector(limit=gw.max_connections, limit_per_host=0)
         self.session = aiohttp.ClientSession(connector=connector)
         infos = [e.info() for e in self.config.endpoints]
-        self.recorder = Recorder(infos, self.clock(), gw.workflow_idle_ttl_s, gw.log_requests)
+        self.recorder = Recorder(
+            infos,
+            self.clock(),
+            gw.workflow_idle_ttl_s,
+            gw.log_requests,
+            known_models=self.config.model_names(),
+        )
         self.tracker = EndpointTracker(
             self.config.endpoints, gw, self.clock, self.recorder.on_endpoint_state
         )
@@ -221,7 +233,14 @@ class Gateway:
                 workflow_id=ctx.workflow_id, workflow_step=ctx.workflow_step,
                 workflow_steps=ctx.workflow_steps, stream=ctx.stream,
             )  # fmt: skip
-            decision = route(call, self.tracker.views(now, target), now, self._rng)
+            decision = route(
+                call,
+                self.tracker.views(now, target),
+                now,
+                self._rng,
+                predictor=self._predictor,
+                affinity_endpoint=self._affinity.get(ctx.workflow_id, now),
+            )
             reasons.append(f"{target}: {decision.reason}" if len(targets) > 1 else decision.reason)
             if decision.ranked:
                 data = upstream_body(raw, body, target, ctx.stream)
@@ -260,7 +279,10 @@ class Gateway:
 
         def finish(done: Exchange) -> float:
             if not cost:
-                cost.append(self.recorder.finish(ctx, done, reason, self.clock()))
+                now = self.clock()
+                cost.append(self.recorder.finish(ctx, done, reason, now))
+                if ctx.workflow_id is not None and done.completed and done.endpoint:
+                    self._affinity.record(ctx.workflow_id, done.endpoint, now)
             return cost[0]
 
         def on_attempt(endpoint: str, retry_reason: str | None) -> None:

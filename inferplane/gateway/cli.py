@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
@@ -42,7 +43,10 @@ def register(subparsers: Any) -> None:
 
 
 def run_until_signalled(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
-    """Run ``main(stop)`` on uvloop when available; SIGINT/SIGTERM set ``stop``."""
+    """Run ``main(stop)`` on uvloop when available; SIGINT/SIGTERM set ``stop``.
+
+    ``INFERPLANE_EVENT_LOOP=asyncio`` selects the standard loop (the overhead bench compares).
+    """
 
     async def wrapper() -> None:
         stop = asyncio.Event()
@@ -52,12 +56,12 @@ def run_until_signalled(main: Callable[[asyncio.Event], Awaitable[None]]) -> Non
                 loop.add_signal_handler(sig, stop.set)
         await main(stop)
 
-    try:
-        import uvloop
+    factory: Callable[[], asyncio.AbstractEventLoop] | None = None
+    if os.environ.get("INFERPLANE_EVENT_LOOP", "uvloop") != "asyncio":
+        with contextlib.suppress(ImportError):  # uvloop is a dependency on Linux
+            import uvloop
 
-        factory: Callable[[], asyncio.AbstractEventLoop] | None = uvloop.new_event_loop
-    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-        factory = None
+            factory = uvloop.new_event_loop
     with asyncio.Runner(loop_factory=factory) as runner:
         runner.run(wrapper())
 

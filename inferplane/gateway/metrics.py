@@ -9,6 +9,7 @@ scraped (``refresh``), so the request path only pays for a few histogram observa
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -26,6 +27,10 @@ class GatewayMetrics:
 
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
+        # Label children cached per key: ``labels()`` is the costly part of an observation.
+        # Bounded: models and priorities come from the config, statuses from HTTP.
+        self._series: dict[tuple[str, str], tuple[Any, ...]] = {}
+        self._requests: dict[tuple[str, str, str], Any] = {}
         lp = ("model", "priority")
         self.ttft = Histogram(
             "inferplane_ttft_seconds", "Time to first token.", lp, buckets=_LATENCY_BUCKETS_S,
@@ -74,6 +79,46 @@ class GatewayMetrics:
             "inferplane_cost_per_successful_task_usd", "Fleet spend / successful tasks.",
             registry=r,
         )  # fmt: skip
+
+    def count_request(self, model: str, priority: str, status: str) -> None:
+        key = (model, priority, status)
+        child = self._requests.get(key)
+        if child is None:
+            child = self._requests[key] = self.requests.labels(model, priority, status)
+        child.inc()
+
+    def observe_request(
+        self,
+        model: str,
+        priority: str,
+        status: str,
+        ttft_s: float | None,
+        tbt_s: list[float] | None,
+        e2e_s: float,
+        tokens: tuple[int, int, int],
+    ) -> None:
+        """One finished request: counters and histograms, through cached label children."""
+        self.count_request(model, priority, status)
+        series = self._series.get((model, priority))
+        if series is None:
+            series = self._series[(model, priority)] = (
+                self.ttft.labels(model, priority),
+                self.tbt.labels(model, priority),
+                self.e2e.labels(model, priority),
+                self.tokens.labels(model, "prompt"),
+                self.tokens.labels(model, "cached"),
+                self.tokens.labels(model, "completion"),
+            )
+        ttft, tbt, e2e, prompt, cached, completion = series
+        if ttft_s is not None:
+            ttft.observe(ttft_s)
+        if tbt_s:
+            for gap in tbt_s:
+                tbt.observe(gap)
+        e2e.observe(e2e_s)
+        for counter, n in zip((prompt, cached, completion), tokens, strict=True):
+            if n:
+                counter.inc(n)
 
     def refresh_endpoints(self, states: Iterable[tuple[str, EndpointState, int]]) -> None:
         for name, state, in_flight in states:

@@ -29,8 +29,11 @@ class Recorder:
         start_s: float,
         workflow_idle_ttl_s: float,
         log_requests: bool,
+        known_models: Sequence[str] = (),
     ) -> None:
         self.accountant = Accountant(endpoints, start_s, workflow_idle_ttl_s)
+        # Metric labels only for configured model names: clients can send anything.
+        self._known_models = frozenset(known_models)
         self.metrics = GatewayMetrics()
         self._log_requests = log_requests
 
@@ -50,22 +53,15 @@ class Recorder:
             success, ex.reason = False, "deadline_missed"
         record = self._record(ctx, ex, success)
         cost = self.accountant.on_request_end(record, now)
-        m = self.metrics
-        status = str(ex.status or 502)
-        m.requests.labels(ctx.model, ctx.priority.value, status).inc()
-        if ex.first_token_s is not None:
-            m.ttft.labels(ctx.model, ctx.priority.value).observe(ex.first_token_s - ctx.arrival_s)
-        if ex.tbt_s:
-            tbt = m.tbt.labels(ctx.model, ctx.priority.value)
-            for gap in ex.tbt_s:
-                tbt.observe(gap)
-        m.e2e.labels(ctx.model, ctx.priority.value).observe(now - ctx.arrival_s)
-        if ex.prompt_tokens:
-            m.tokens.labels(ctx.model, "prompt").inc(ex.prompt_tokens)
-        if ex.cached_tokens:
-            m.tokens.labels(ctx.model, "cached").inc(ex.cached_tokens)
-        if ex.completion_tokens:
-            m.tokens.labels(ctx.model, "completion").inc(ex.completion_tokens)
+        self.metrics.observe_request(
+            self._label(ctx.model),
+            ctx.priority.value,
+            str(ex.status or 502),
+            None if ex.first_token_s is None else ex.first_token_s - ctx.arrival_s,
+            ex.tbt_s,
+            now - ctx.arrival_s,
+            (ex.prompt_tokens, ex.cached_tokens, ex.completion_tokens),
+        )
         if self._log_requests:
             self._log(ctx, ex, route_reason, cost.usd, now)
         return cost.usd
@@ -77,9 +73,12 @@ class Recorder:
             return
         ex = Exchange(status=status, reason=reason)
         self.accountant.on_request_rejected(self._record(ctx, ex, False), now)
-        self.metrics.requests.labels(ctx.model, ctx.priority.value, str(status)).inc()
+        self.metrics.count_request(self._label(ctx.model), ctx.priority.value, str(status))
         if self._log_requests:
             self._log(ctx, ex, reason, 0.0, now)
+
+    def _label(self, model: str) -> str:
+        return model if model in self._known_models else "(unknown)"
 
     def end_workflow(self, workflow_id: str, outcome: TaskOutcome, now: float) -> bool:
         return self.accountant.end_workflow(workflow_id, outcome, now)
