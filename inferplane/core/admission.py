@@ -1,0 +1,316 @@
+"""Admission control: admit now, queue, or reject early, each with its reason.
+
+For each call, in order (the first rule that answers decides):
+
+1. **quotas** of its tenant and API key (:mod:`inferplane.core.quotas`): 429 naming the
+   quota, Retry-After exact from the bucket or the money window;
+2. **no capacity at all** (no endpoint of the pool accepts work): critical calls queue,
+   others get 503 with a fixed Retry-After;
+3. **deadline**: the predicted TTFT (best endpoint now, plus draining the queued work
+   served before this class) against the TTFT budget, and predicted completion against the
+   deadline; a miss is rejected at once rather than burning GPU time (critical calls are
+   queued anyway unless ``reject_critical_on_deadline``);
+4. **shedding by capacity**: the pool's saturation as seen by the class (llm-d's engine
+   saturation plus the gateway queue ahead of it, :mod:`inferplane.core.capacity`) against
+   the class's threshold: sheddable first, then standard, critical never. A workflow's
+   threshold rises with its progress (sunk cost) while within its retry allowance, and a
+   new workflow's falls, so new tasks are refused before old ones are killed;
+5. **admit** when nothing of its class or above waits and an endpoint has a free slot,
+   else **enqueue** (evicting lower-class, least-protected, newest calls when full; a call
+   that would itself be the victim is rejected as ``queue_full``).
+
+Queue order within a tenant is EDF on a key that moves earlier with workflow progress and
+later with attained service. Retry-After is the predicted drain time of the work ahead,
+within [min, max]. Late binding: queued calls leave through :meth:`poll` when their pool
+has a free slot and are routed then, on fresh state. Pure: ``now`` is passed in.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from inferplane.core.admission_config import AdmissionConfig
+from inferplane.core.admission_stats import AdmissionSnapshot, AdmissionStats
+from inferplane.core.capacity import AdmissionPredictor, PoolCapacity, free_slots, pool_capacity
+from inferplane.core.predictor import LatencyPredictor
+from inferplane.core.queueing import ExitKind, QueueExit, QueueItem, RequestQueue
+from inferplane.core.quotas import QuotaBook
+from inferplane.core.types import CallContext, EndpointView, PriorityClass
+from inferplane.core.workflows import WorkflowLedger, WorkflowStanding
+
+__all__ = ["Admission", "AdmissionDecision", "Admit", "Enqueue", "Reject"]
+
+
+@dataclass(frozen=True, slots=True)
+class Admit:
+    """Dispatch now: route the call on current state."""
+
+    reason: str
+    saturation: float
+    predicted_ttft_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Enqueue:
+    """The call waits in the queue; ``evicted`` calls were pushed out for it (answer them)."""
+
+    reason: str
+    saturation: float
+    predicted_ttft_s: float | None
+    item: QueueItem
+    evicted: tuple[QueueExit, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    """Refused now: answer ``status`` with ``Retry-After: retry_after_s`` and the reason."""
+
+    code: str  # machine-readable reason (X-Inferplane-Reason, metrics label)
+    message: str
+    retry_after_s: int
+    status: int = 429
+    saturation: float = 0.0
+
+
+AdmissionDecision = Admit | Enqueue | Reject
+PoolLookup = Callable[[str], Sequence[EndpointView]]
+
+
+class Admission:
+    """The admission controller: queue, quotas and workflow ledger (module docstring)."""
+
+    def __init__(
+        self, config: AdmissionConfig | None = None, predictor: AdmissionPredictor | None = None
+    ) -> None:
+        self.config = config or AdmissionConfig()
+        self.predictor: AdmissionPredictor = predictor or LatencyPredictor()
+        self.queue = RequestQueue(self.config.queue)
+        self.quotas = QuotaBook(self.config.quotas)
+        self.workflows = WorkflowLedger(self.config.workflows)
+        self.stats = AdmissionStats()
+
+    # -- the decision -------------------------------------------------------------------
+
+    def admit(
+        self,
+        call: CallContext,
+        pool: Sequence[EndpointView],
+        now: float,
+        *,
+        api_key: str | None = None,
+        size_bytes: int = 0,
+        num_cached_tokens: int = 0,
+    ) -> AdmissionDecision:
+        """Decide for ``call`` against the endpoints that could serve it (its pool)."""
+        reserve = self.quotas.reserve_tokens(call.num_prompt_tokens, call.max_tokens)
+        refusal = self.quotas.try_acquire(call.request_id, call.tenant, api_key, reserve, now)
+        if refusal is not None:
+            return self._count(
+                call, Reject(refusal.code, refusal.reason, self._ra(refusal.retry_after_s))
+            )
+        uncached = max(0, call.num_prompt_tokens - num_cached_tokens)
+        cap = pool_capacity(call.model, uncached, pool, self.predictor, self.config, now)
+        decision = self._decide(call, cap, now, size_bytes)
+        if isinstance(decision, Reject):
+            self.quotas.release(call.request_id, now, num_tokens=0)
+        else:
+            self.workflows.on_admit(call, now)
+            if isinstance(decision, Enqueue):
+                self._settle_exits(decision.evicted, now)
+            else:
+                self.workflows.on_dispatch(call, now)
+        return self._count(call, decision)
+
+    def _decide(
+        self, call: CallContext, cap: PoolCapacity, now: float, size_bytes: int
+    ) -> AdmissionDecision:
+        cfg, prio = self.config, call.priority
+        standing = self.workflows.standing(call)
+        ahead = self.queue.work_ahead(prio)
+        sat = cap.saturation(ahead, cfg.queue_threshold)
+        if cap.best is None:
+            if prio is not PriorityClass.CRITICAL:
+                msg = f"no endpoint of model {call.model!r} accepts work"
+                return Reject("no_capacity", msg, cfg.unknown_retry_after_s, 503, sat)
+            return self._enqueue(call, cap, None, standing, now, size_bytes, sat)
+        ttft_s = cap.best.ttft_s + (cap.drain_s(ahead) if ahead.num_calls else 0.0)
+        drain_s = cap.best.wait_s + cap.drain_s(ahead)
+        miss = self._deadline_miss(call, cap, ttft_s, now)
+        if miss and (prio is not PriorityClass.CRITICAL or cfg.reject_critical_on_deadline):
+            return Reject("deadline_unreachable", miss, self._ra(drain_s), 429, sat)
+        limit = self._shed_threshold(prio, standing)
+        if sat >= limit:
+            msg = f"{prio.value} shed: pool saturation {sat:.2f} >= {limit:.2f}"
+            return Reject("saturated", msg, self._ra(drain_s), 429, sat)
+        if ahead.num_calls == 0 and cap.free_slots > 0:
+            return Admit("admitted", sat, ttft_s)
+        return self._enqueue(call, cap, ttft_s, standing, now, size_bytes, sat, drain_s)
+
+    def _deadline_miss(
+        self, call: CallContext, cap: PoolCapacity, ttft_s: float, now: float
+    ) -> str | None:
+        """Why the call cannot meet its TTFT budget or deadline (None: it can, or has none)."""
+        assert cap.best is not None
+        slack = self.config.deadline_slack
+        if call.ttft_budget_s is not None:
+            left_s = call.ttft_budget_s - max(0.0, now - call.arrival_s)
+            if ttft_s > left_s * slack:
+                return f"predicted TTFT {ttft_s:.2f}s exceeds the {max(0.0, left_s):.2f}s left"
+        if call.deadline_s is not None:
+            e2e_s = ttft_s + cap.best.tpot_s * max(0, self._num_output(call) - 1)
+            left_s = call.deadline_s - now
+            if e2e_s > left_s * slack:
+                return f"predicted completion {e2e_s:.2f}s exceeds the {max(0.0, left_s):.2f}s left"
+        return None
+
+    def _shed_threshold(self, prio: PriorityClass, standing: WorkflowStanding | None) -> float:
+        base = self.config.shed_saturation.of(prio)
+        if standing is None:
+            return base
+        wf = self.config.workflows
+        margin = wf.new_workflow_margin if standing.is_new else 0.0
+        return base + wf.protect_headroom * standing.keep - margin
+
+    def _enqueue(
+        self,
+        call: CallContext,
+        cap: PoolCapacity,
+        ttft_s: float | None,
+        standing: WorkflowStanding | None,
+        now: float,
+        size_bytes: int,
+        sat: float,
+        drain_s: float | None = None,
+    ) -> AdmissionDecision:
+        item = self._item(call, cap, standing, size_bytes)
+        pushed = self.queue.push(item, now)
+        if not pushed.accepted:
+            retry = self._ra(drain_s) if drain_s is not None else self.config.unknown_retry_after_s
+            return Reject("queue_full", pushed.reason, retry, 429, sat)
+        return Enqueue("queued", sat, ttft_s, item, pushed.evicted)
+
+    def _item(
+        self,
+        call: CallContext,
+        cap: PoolCapacity,
+        standing: WorkflowStanding | None,
+        size_bytes: int,
+    ) -> QueueItem:
+        """The queue entry: EDF key with workflow credit, and when waiting becomes futile."""
+        cfg, prio = self.config, call.priority
+        n_out = self._num_output(call)
+        give_up_s = call.arrival_s + cfg.queue.max_wait_s.of(prio)
+        due = [give_up_s]
+        if call.ttft_budget_s is not None:
+            due.append(call.arrival_s + call.ttft_budget_s)
+        if call.deadline_s is not None:
+            due.append(call.deadline_s)
+        key = min(due)
+        expires = give_up_s
+        if cap.best is not None and (
+            prio is not PriorityClass.CRITICAL or cfg.reject_critical_on_deadline
+        ):
+            if call.ttft_budget_s is not None:
+                expires = min(expires, call.arrival_s + call.ttft_budget_s - cap.best.prefill_s)
+            if call.deadline_s is not None:
+                service_s = cap.best.prefill_s + cap.best.tpot_s * max(1, n_out)
+                expires = min(expires, call.deadline_s - service_s)
+        keep = 0.0
+        if standing is not None:
+            wf = cfg.workflows
+            key += wf.service_penalty_s * standing.service_share
+            key -= wf.progress_credit_s * standing.progress if standing.protected else 0.0
+            keep = standing.keep
+        return QueueItem(call, key, expires, n_out, size_bytes, keep)
+
+    # -- dispatch and outcomes ----------------------------------------------------------
+
+    def poll(self, now: float, pool_for: PoolLookup, limit: int | None = None) -> list[QueueExit]:
+        """Expire futile calls, then dispatch queued calls while their pools have free slots.
+
+        Returns every call that left (expired and dispatched, in that order). Route each
+        dispatched call now, on fresh state, and call :meth:`on_finish` when it ends.
+        """
+        exits = self.queue.expire(now)
+        free: dict[str, int] = {}
+
+        def can_dispatch(item: QueueItem) -> bool:
+            model = item.call.model
+            if model not in free:
+                pool = pool_for(model)
+                free[model] = sum(free_slots(v, model, self.predictor, self.config) for v in pool)
+            return free[model] > 0
+
+        budget = len(self.queue) if limit is None else limit
+        while budget > 0:
+            out = self.queue.pop_next(now, can_dispatch)
+            if out is None:
+                break
+            free[out.item.call.model] -= 1
+            exits.append(out)
+            budget -= 1
+        exits.extend(self.queue.expire(now))  # met while dispatching
+        self._settle_exits(exits, now)
+        return exits
+
+    def cancel(self, request_id: str, now: float) -> QueueExit | None:
+        """The client of a queued call went away."""
+        out = self.queue.cancel(request_id, now)
+        if out is not None:
+            self._settle_exits((out,), now)
+        return out
+
+    def on_finish(
+        self,
+        call: CallContext,
+        now: float,
+        *,
+        num_tokens: int,
+        cost_usd: float = 0.0,
+        success: bool = True,
+    ) -> None:
+        """An admitted or dispatched call ended: settle quotas, workflow ledger, service."""
+        self.quotas.release(call.request_id, now, num_tokens=num_tokens, cost_usd=cost_usd)
+        if call.workflow_id is not None:
+            self.workflows.on_finish(
+                call.workflow_id, now, num_tokens=num_tokens, cost_usd=cost_usd, success=success
+            )
+
+    def expire_workflows(self, now: float) -> list[str]:
+        return self.workflows.expire(now)
+
+    def snapshot(self) -> AdmissionSnapshot:
+        depth = {p.value: self.queue.depth(p) for p in PriorityClass}
+        return self.stats.snapshot(depth, self.queue.num_bytes)
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _settle_exits(self, exits: Sequence[QueueExit], now: float) -> None:
+        """Count exits; calls that left without service give back their quota and step."""
+        for out in exits:
+            self.stats.on_exit(out)
+            if out.kind is ExitKind.DISPATCHED:
+                self.workflows.on_dispatch(out.item.call, now)
+            else:
+                self.on_finish(out.item.call, now, num_tokens=0, success=False)
+
+    def _count(self, call: CallContext, decision: AdmissionDecision) -> AdmissionDecision:
+        if isinstance(decision, Admit):
+            self.stats.on_admitted(call.priority)
+        elif isinstance(decision, Enqueue):
+            self.stats.on_queued(call.priority)
+        else:
+            self.stats.on_rejected(call.priority, decision.code)
+        return decision
+
+    def _num_output(self, call: CallContext) -> int:
+        return max(1, min(call.max_tokens, self.config.expected_output_tokens))
+
+    def _ra(self, seconds: float) -> int:
+        """Retry-After in whole seconds, within the configured bounds."""
+        cfg = self.config
+        if not math.isfinite(seconds):
+            return cfg.max_retry_after_s
+        return int(min(cfg.max_retry_after_s, max(cfg.min_retry_after_s, math.ceil(seconds))))

@@ -1,0 +1,134 @@
+"""Configuration of admission control: the queue's bounds, the shedding rule, quotas, workflows.
+
+Frozen pydantic models with working defaults, so ``AdmissionConfig()`` is a usable
+controller and a fleet YAML names only what it changes. Mounted in the fleet config as
+``admission: AdmissionConfig = AdmissionConfig()`` (one line in ``FleetConfig``). Unknown
+keys are errors, as in the rest of the configuration tree.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from inferplane.core.types import PriorityClass
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class PerClass(_Frozen):
+    """One number per priority class."""
+
+    critical: float
+    standard: float
+    sheddable: float
+
+    def of(self, priority: PriorityClass) -> float:
+        if priority is PriorityClass.CRITICAL:
+            return self.critical
+        return self.standard if priority is PriorityClass.STANDARD else self.sheddable
+
+
+class QueueConfig(_Frozen):
+    """The gateway queue: bounded by count and bytes; fair across tenants within a class."""
+
+    max_items: int = Field(default=10_000, ge=1)
+    max_bytes: int = Field(default=256 * 1024 * 1024, ge=1)
+    #: Attained service per (class, tenant) halves every this many seconds.
+    service_half_life_s: float = Field(default=60.0, gt=0)
+    #: Fair-share weight per tenant (missing tenants weigh ``default_tenant_weight``).
+    tenant_weights: dict[str, float] = Field(default_factory=dict)
+    default_tenant_weight: float = Field(default=1.0, gt=0)
+    #: How many queued calls one dispatch looks at before giving up (work conservation).
+    max_scan: int = Field(default=256, ge=1)
+    #: Longest a call may wait without a deadline, per class.
+    max_wait_s: PerClass = PerClass(critical=120.0, standard=60.0, sheddable=30.0)
+
+    @model_validator(mode="after")
+    def _check_weights(self) -> QueueConfig:
+        bad = sorted(t for t, w in self.tenant_weights.items() if not w > 0)
+        if bad:
+            raise ValueError(f"tenant weights must be > 0: {', '.join(bad)}")
+        return self
+
+    def weight_of(self, tenant: str) -> float:
+        return self.tenant_weights.get(tenant, self.default_tenant_weight)
+
+
+class QuotaLimits(_Frozen):
+    """Limits of one tenant or one API key (None: unlimited).
+
+    Rates are token buckets holding one minute's worth (bursts up to the per-minute limit);
+    money is a fixed window of ``period_s`` aligned to multiples of it from t = 0.
+    """
+
+    requests_per_min: float | None = Field(default=None, gt=0)
+    tokens_per_min: float | None = Field(default=None, gt=0)
+    max_concurrency: int | None = Field(default=None, ge=1)
+    usd_per_period: float | None = Field(default=None, gt=0)
+    period_s: float = Field(default=86_400.0, gt=0)
+
+
+class QuotasConfig(_Frozen):
+    """Quotas per tenant and per API key name; ``default_tenant`` applies to unlisted tenants."""
+
+    tenants: dict[str, QuotaLimits] = Field(default_factory=dict)
+    keys: dict[str, QuotaLimits] = Field(default_factory=dict)
+    default_tenant: QuotaLimits | None = None
+    #: Output tokens reserved against tokens/min at admission (settled on completion).
+    reserve_output_tokens: int = Field(default=256, ge=0)
+    max_open_reservations: int = Field(default=100_000, ge=1)
+
+
+class WorkflowConfig(_Frozen):
+    """Workflow awareness: protection of sunk cost, fairness of attained service, retries."""
+
+    idle_ttl_s: float = Field(default=300.0, gt=0)
+    max_workflows: int = Field(default=100_000, ge=1)
+    #: Steps assumed still to come when a workflow does not say how many it expects.
+    assumed_remaining_steps: float = Field(default=10.0, gt=0)
+    #: A protected workflow is shed at a saturation this much higher, times its progress.
+    protect_headroom: float = Field(default=0.5, ge=0)
+    #: The first call of a new workflow is shed at a saturation this much lower.
+    new_workflow_margin: float = Field(default=0.1, ge=0)
+    #: Queue order: a workflow's key moves earlier by up to this many seconds with progress...
+    progress_credit_s: float = Field(default=2.0, ge=0)
+    #: ...and later by up to this many seconds with attained service (tokens).
+    service_penalty_s: float = Field(default=2.0, ge=0)
+    service_scale_tokens: float = Field(default=200_000.0, gt=0)
+    #: Retries of a step that keep the workflow's protection; beyond, it is a plain call.
+    retry_allowance: int = Field(default=3, ge=0)
+
+
+class AdmissionConfig(_Frozen):
+    """The admission rule (see :mod:`inferplane.core.admission`)."""
+
+    #: llm-d saturation: an endpoint is saturated at ``max(waiting/queue_threshold,
+    #: kv_use/kv_threshold) >= 1``; the pool's saturation is the mean over its endpoints.
+    queue_threshold: float = Field(default=5.0, gt=0)
+    kv_threshold: float = Field(default=0.8, gt=0, le=1)
+    #: Calls are dispatched to an endpoint while it has a free sequence slot, plus this many
+    #: waiting at the engine (the rest wait in the gateway queue, routed at dispatch).
+    engine_queue_allowance: int = Field(default=1, ge=0)
+    #: A class is shed once the pool's saturation reaches this (critical: never).
+    shed_saturation: PerClass = PerClass(critical=float("inf"), standard=2.0, sheddable=1.0)
+    #: Output tokens assumed when predicting completion (capped by the call's max_tokens).
+    expected_output_tokens: int = Field(default=256, ge=1)
+    #: Reject early when the prediction exceeds the time left by this factor.
+    deadline_slack: float = Field(default=1.0, gt=0)
+    #: Critical calls predicted to miss their deadline are queued anyway unless this is set.
+    reject_critical_on_deadline: bool = False
+    min_retry_after_s: int = Field(default=1, ge=1)
+    max_retry_after_s: int = Field(default=120, ge=1)
+    #: Retry-After when nothing can be predicted (no endpoint takes work).
+    unknown_retry_after_s: int = Field(default=5, ge=1)
+    queue: QueueConfig = QueueConfig()
+    quotas: QuotasConfig = QuotasConfig()
+    workflows: WorkflowConfig = WorkflowConfig()
+
+    @model_validator(mode="after")
+    def _check_retry_after(self) -> AdmissionConfig:
+        if self.min_retry_after_s > self.max_retry_after_s:
+            raise ValueError("min_retry_after_s is above max_retry_after_s")
+        return self

@@ -1,0 +1,125 @@
+"""A pool's capacity as admission sees it: saturation, free dispatch slots, predicted wait.
+
+One snapshot per decision, from the endpoint views (scraped load plus the gateway's own
+in-flight counts, which are always current) and the latency predictor:
+
+* an endpoint's *outstanding* calls are ``max(running + waiting, in_flight)``; those beyond
+  its batch slots (``max_num_seqs`` of its prior) wait at the engine, so the waiting count
+  used is ``max(scraped waiting, outstanding - slots)``;
+* endpoint saturation is the llm-d rule ``max(waiting / queue_threshold, kv / kv_threshold)``
+  and the pool's engine saturation its mean over endpoints that accept work. Calls waiting
+  in the gateway queue ahead of a class count as more engine waiting, spread over the
+  pool, so shedding follows capacity: twice the endpoints hold twice the queue;
+* an endpoint takes a dispatch while KV is under the threshold and its outstanding calls
+  fit its slots plus ``engine_queue_allowance``;
+* queued work drains at the pool's summed prefill and decode rates.
+
+Pure: ``now`` is passed in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from inferplane.core.admission_config import AdmissionConfig
+from inferplane.core.predictor import LatencyEstimate
+from inferplane.core.queueing import WorkAhead
+from inferplane.core.routing_config import EndpointPrior
+from inferplane.core.types import EndpointView
+
+__all__ = ["AdmissionPredictor", "PoolCapacity", "free_slots", "pool_capacity"]
+
+_RATE_PROBE_TOKENS = 100_000
+
+
+class AdmissionPredictor(Protocol):
+    """What admission needs of a latency predictor (:class:`LatencyPredictor` fits)."""
+
+    def prior(self, view: EndpointView, model: str) -> EndpointPrior: ...
+
+    def predict(
+        self, view: EndpointView, model: str, num_uncached_tokens: int, now: float
+    ) -> LatencyEstimate: ...
+
+    def prefill_s(self, view: EndpointView, model: str, num_tokens: int, now: float) -> float: ...
+
+    def throughput_tokens_per_s(self, view: EndpointView, model: str, now: float) -> float: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PoolCapacity:
+    """The pool serving one call, at one instant."""
+
+    num_accepting: int  # endpoints that take work now
+    engine_saturation: float  # llm-d mean over accepting endpoints (inf: none accepting)
+    free_slots: int  # dispatches the pool takes now
+    best: LatencyEstimate | None  # the call sent now to its best endpoint (least TTFT)
+    prefill_tokens_per_s: float  # summed over accepting endpoints
+    output_tokens_per_s: float
+
+    def saturation(self, ahead: WorkAhead, queue_threshold: float) -> float:
+        """Engine saturation plus the gateway queue ahead, as waiting spread over the pool."""
+        if self.num_accepting == 0:
+            return float("inf")
+        return self.engine_saturation + ahead.num_calls / (self.num_accepting * queue_threshold)
+
+    def drain_s(self, ahead: WorkAhead) -> float:
+        """Seconds for the pool to serve ``ahead`` at its saturated rates."""
+        if self.num_accepting == 0:
+            return float("inf")
+        return (
+            ahead.prompt_tokens / self.prefill_tokens_per_s
+            + ahead.output_tokens / self.output_tokens_per_s
+        )
+
+
+def _outstanding(view: EndpointView) -> int:
+    load = view.load
+    return max(load.num_running + load.num_waiting, view.in_flight)
+
+
+def free_slots(
+    view: EndpointView, model: str, predictor: AdmissionPredictor, cfg: AdmissionConfig
+) -> int:
+    """Dispatches ``view`` takes now (0 when it accepts no work or its KV is full)."""
+    if not view.state.accepts_work or view.load.kv_usage >= cfg.kv_threshold:
+        return 0
+    slots = predictor.prior(view, model).max_num_seqs + cfg.engine_queue_allowance
+    return max(0, slots - _outstanding(view))
+
+
+def endpoint_saturation(
+    view: EndpointView, model: str, predictor: AdmissionPredictor, cfg: AdmissionConfig
+) -> float:
+    """llm-d: max(waiting / queue threshold, kv use / kv threshold), waiting from in-flight too."""
+    excess = _outstanding(view) - predictor.prior(view, model).max_num_seqs
+    waiting = max(view.load.num_waiting, excess)
+    return max(waiting / cfg.queue_threshold, view.load.kv_usage / cfg.kv_threshold)
+
+
+def pool_capacity(
+    model: str,
+    num_uncached_tokens: int,
+    pool: Sequence[EndpointView],
+    predictor: AdmissionPredictor,
+    cfg: AdmissionConfig,
+    now: float,
+) -> PoolCapacity:
+    """Capacity of ``pool`` for a call of ``model`` with that much prompt left to prefill."""
+    accepting = [v for v in pool if v.state.accepts_work]
+    if not accepting:
+        return PoolCapacity(0, float("inf"), 0, None, 0.0, 0.0)
+    sat = sum(endpoint_saturation(v, model, predictor, cfg) for v in accepting)
+    free = sum(free_slots(v, model, predictor, cfg) for v in accepting)
+    estimates = [predictor.predict(v, model, num_uncached_tokens, now) for v in accepting]
+    best = min(estimates, key=lambda e: e.ttft_s)
+    prefill_rate = sum(
+        _RATE_PROBE_TOKENS / max(1e-9, predictor.prefill_s(v, model, _RATE_PROBE_TOKENS, now))
+        for v in accepting
+    )
+    out_rate = sum(predictor.throughput_tokens_per_s(v, model, now) for v in accepting)
+    return PoolCapacity(
+        len(accepting), sat / len(accepting), free, best, prefill_rate, max(1e-9, out_rate)
+    )
