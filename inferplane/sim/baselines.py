@@ -6,7 +6,10 @@ accept work, context fits), so a comparison isolates the choice rule. Policies w
 (round-robin's cursor, cache-aware's prefix trees) keep it in the policy object, one object
 per simulated run. No I/O, no clock; the RNG is the only source of chance.
 
-- ``least-loaded``: ``inferplane.core.routing.route``, the live gateway's router, unchanged.
+- ``inferplane``: ``inferplane.core.routing.route``, the live gateway's router, unchanged and
+  wired as the gateway wires it: one latency predictor for the run and a workflow affinity
+  table recording the endpoint of each workflow's last successful call.
+- ``least-loaded``: the core's ``least_loaded`` baseline (fewest outstanding requests).
 - ``round-robin``, ``random``, ``power-of-two``: SGLang / vllm-router policies of those names
   (load for power-of-two: router-counted in-flight requests).
 - ``cache-aware``: SGLang / vllm-router ``cache_aware`` (REFERENCE §5): if the load gap is
@@ -24,9 +27,12 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from inferplane.core import routing
+from inferplane.core.affinity import AffinityTable
+from inferplane.core.predictor import LatencyPredictor
 from inferplane.core.types import CallContext, EndpointView, RankedEndpoint, RouteDecision
 
 POLICY_NAMES: tuple[str, ...] = (
+    "inferplane",
     "least-loaded",
     "round-robin",
     "random",
@@ -36,11 +42,22 @@ POLICY_NAMES: tuple[str, ...] = (
 
 
 class Policy(Protocol):
-    """A router the simulator can drive."""
+    """A router the simulator can drive, told how each call it routed ended."""
 
     def route(
         self, call: CallContext, endpoints: Sequence[EndpointView], now: float, rng: random.Random
     ) -> RouteDecision: ...
+
+    def on_done(
+        self, workflow_id: str | None, endpoint: str, success: bool, now: float
+    ) -> None: ...
+
+
+class _Stateless:
+    """Policies that learn nothing from outcomes."""
+
+    def on_done(self, workflow_id: str | None, endpoint: str, success: bool, now: float) -> None:
+        return None
 
 
 def _decision(order: Sequence[EndpointView], reason: str) -> RouteDecision:
@@ -54,16 +71,36 @@ def _none(call: CallContext) -> RouteDecision:
     return RouteDecision((), f"no endpoint can serve model {call.model!r}")
 
 
-class LeastLoaded:
-    """The policy core's router."""
+class Inferplane:
+    """The policy core's routing pipeline, with the state the gateway gives it."""
+
+    def __init__(self, workflow_ttl_s: float = 300.0) -> None:
+        self._predictor = LatencyPredictor()
+        self._affinity = AffinityTable(ttl_s=workflow_ttl_s)
 
     def route(
         self, call: CallContext, endpoints: Sequence[EndpointView], now: float, rng: random.Random
     ) -> RouteDecision:
-        return routing.route(call, endpoints, now, rng)
+        return routing.route(
+            call, endpoints, now, rng, predictor=self._predictor,
+            affinity_endpoint=self._affinity.get(call.workflow_id, now),
+        )  # fmt: skip
+
+    def on_done(self, workflow_id: str | None, endpoint: str, success: bool, now: float) -> None:
+        if success and workflow_id is not None:
+            self._affinity.record(workflow_id, endpoint, now)
 
 
-class RoundRobin:
+class LeastLoaded(_Stateless):
+    """The core's least-loaded baseline."""
+
+    def route(
+        self, call: CallContext, endpoints: Sequence[EndpointView], now: float, rng: random.Random
+    ) -> RouteDecision:
+        return routing.least_loaded(call, endpoints, now, rng)
+
+
+class RoundRobin(_Stateless):
     """Each call to the next eligible endpoint after the previous pick, in fleet order."""
 
     def __init__(self) -> None:
@@ -80,7 +117,7 @@ class RoundRobin:
         return _decision(candidates[i:] + candidates[:i], "round-robin")
 
 
-class RandomPick:
+class RandomPick(_Stateless):
     """Uniformly at random among eligible endpoints."""
 
     def route(
@@ -95,7 +132,7 @@ class RandomPick:
         )
 
 
-class PowerOfTwo:
+class PowerOfTwo(_Stateless):
     """Two eligible endpoints at random; the one with fewer in-flight requests wins."""
 
     def route(
@@ -110,7 +147,7 @@ class PowerOfTwo:
         return _decision([first, second, *rest], "power-of-two")
 
 
-class CacheAware:
+class CacheAware(_Stateless):
     """SGLang's cache_aware rule over per-endpoint LRU sets of prompt block keys."""
 
     BALANCE_ABS = 64
@@ -170,6 +207,7 @@ class CacheAware:
 def make_policy(name: str) -> Policy:
     """A fresh policy object (its memory starts empty) for one simulated run."""
     factories: dict[str, type[Policy]] = {
+        "inferplane": Inferplane,
         "least-loaded": LeastLoaded,
         "round-robin": RoundRobin,
         "random": RandomPick,

@@ -2,7 +2,7 @@
 
 The loop pops events in ``(time, priority, seq)`` order and leaps straight to the next one:
 arrivals become ``CallContext`` values routed by the policy (the core's ``route`` for
-``least-loaded``) and submitted to that endpoint's ``EngineModel``; each engine is woken
+``inferplane``) and submitted to that endpoint's ``EngineModel``; each engine is woken
 only at its own ``next_event_time()``; client timeouts abort at the engine and may retry
 with jittered exponential back-off; faults change the fleet. Spend and cost per
 successful task come from the core's ``Accountant``, fed exactly as the gateway feeds it.
@@ -275,6 +275,9 @@ class Simulation:
         """The call's last word: record it, then start its task's next call (if any)."""
         del self._open[call.call_id]
         self.ledger.close(call, now, outcome, reason)
+        if call.endpoint is not None:
+            ok = outcome is Outcome.SUCCESS
+            self.policy.on_done(call.workflow_id, call.endpoint.name, ok, now)
         if outcome is Outcome.UNFINISHED:
             return
         spec = call.spec

@@ -266,7 +266,7 @@ class Scenario(_Frozen):
     duration_s: float = Field(gt=0)
     drain_s: float = Field(default=60.0, ge=0)  # after duration: no arrivals, finish work
     seed: int = 0
-    policies: tuple[str, ...] = ("least-loaded",)
+    policies: tuple[str, ...] = ("inferplane",)
     workload: tuple[Source, ...] = Field(min_length=1)
     faults: tuple[Fault, ...] = ()
     clients: Clients = Clients()

@@ -27,7 +27,7 @@ def write_scenario(folder: Path, **over: Any) -> Path:
         "duration_s": 20,
         "drain_s": 20,
         "seed": 5,
-        "policies": ["least-loaded", "round-robin"],
+        "policies": ["inferplane", "round-robin"],
         "workload": [
             {"name": "chat", "kind": "chat", "rate_rps": 3, "slo": {"ttft_s": 0.5}},
             {"name": "agents", "kind": "agentic", "users": 300, "tasks_per_user_per_hour": 6,

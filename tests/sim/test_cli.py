@@ -19,14 +19,14 @@ def test_simulate_writes_json_and_html(tmp_path: Path) -> None:
     assert main(["simulate", str(path), "--out", str(out), "--quiet", "--seed", "9"]) == 0
     doc = json.loads((out / "result.json").read_text(encoding="utf-8"))
     assert doc["seed"] == 9
-    assert set(doc["policies"]) == {"least-loaded", "round-robin"}
-    summary = doc["policies"]["least-loaded"]["summary"]
+    assert set(doc["policies"]) == {"inferplane", "round-robin"}
+    summary = doc["policies"]["inferplane"]["summary"]
     assert summary["overall"]["calls"] > 0
     assert summary["spend_usd"] > 0
     assert set(summary["classes"]) == {"chat", "agents"}
     page = (out / "report.html").read_text(encoding="utf-8")
     assert page.count("data:image/png;base64,") >= 5
-    assert "least-loaded" in page
+    assert "inferplane" in page
 
 
 def test_simulate_policy_subset_and_bad_input(

@@ -17,7 +17,7 @@ from inferplane.sim.scenario import load_scenario
 from .helpers import write_scenario
 
 
-def _sim(path: Path, policy: str = "least-loaded") -> Simulation:
+def _sim(path: Path, policy: str = "inferplane") -> Simulation:
     scenario = load_scenario(path)
     return Simulation(scenario, load_config(path.parent / scenario.fleet), path.parent, policy)
 
@@ -102,7 +102,7 @@ def test_timeouts_retry_then_give_up(tmp_path: Path) -> None:
 
 def test_region_outage_and_scale_out(tmp_path: Path) -> None:
     path = write_scenario(
-        tmp_path, duration_s=40, drain_s=10, policies=["least-loaded"],
+        tmp_path, duration_s=40, drain_s=10, policies=["inferplane"],
         faults=[{"kind": "region_outage", "at_s": 2, "region": "west", "duration_s": 100},
                 {"kind": "scale_out", "at_s": 0, "template": "h100-0", "count": 1}],
     )  # fmt: skip

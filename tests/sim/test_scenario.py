@@ -22,7 +22,7 @@ def _base(**over: Any) -> dict[str, Any]:
 
 def test_valid_scenario_and_defaults() -> None:
     sc = parse_scenario(_base())
-    assert sc.policies == ("least-loaded",)
+    assert sc.policies == ("inferplane",)
     assert sc.workload[0].kind == "chat"
     assert sc.sample_every_s() == pytest.approx(0.1)
 
