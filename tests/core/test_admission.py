@@ -1,0 +1,319 @@
+"""Admission: the early-rejection rule against a predictor stub, shedding by capacity and
+class, workflow protection, Retry-After from drain time, quotas, late-binding dispatch."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from inferplane.core.admission import Admission, Admit, Enqueue, Reject
+from inferplane.core.admission_config import (
+    AdmissionConfig,
+    QueueConfig,
+    QuotaLimits,
+    QuotasConfig,
+    WorkflowConfig,
+)
+from inferplane.core.predictor import LatencyEstimate
+from inferplane.core.queueing import ExitKind
+from inferplane.core.routing_config import EndpointPrior
+from inferplane.core.types import CallContext, EndpointState, EndpointView, PriorityClass
+from tests.core.routing_helpers import view
+
+CRIT, STD, SHED = PriorityClass.CRITICAL, PriorityClass.STANDARD, PriorityClass.SHEDDABLE
+PRIOR = EndpointPrior(max_num_seqs=4, prefill_tokens_per_s=10_000.0, throughput_tokens_per_s=100.0)
+
+
+class StubPredictor:
+    """Fixed predictions: TTFT = wait + prompt / 10k tok/s; TPOT fixed; rates from PRIOR."""
+
+    def __init__(self, wait_s: float = 0.1, tpot_s: float = 0.01) -> None:
+        self.wait_s, self.tpot_s = wait_s, tpot_s
+
+    def prior(self, view: EndpointView, model: str) -> EndpointPrior:
+        return PRIOR
+
+    def predict(
+        self, view: EndpointView, model: str, num_uncached_tokens: int, now: float
+    ) -> LatencyEstimate:
+        prefill_s = num_uncached_tokens / PRIOR.prefill_tokens_per_s
+        ttft_s = self.wait_s + prefill_s
+        return LatencyEstimate(ttft_s, self.tpot_s, self.wait_s, prefill_s, ttft_s, self.tpot_s)
+
+    def prefill_s(self, view: EndpointView, model: str, num_tokens: int, now: float) -> float:
+        return num_tokens / PRIOR.prefill_tokens_per_s
+
+    def throughput_tokens_per_s(self, view: EndpointView, model: str, now: float) -> float:
+        return PRIOR.throughput_tokens_per_s
+
+
+def call(
+    rid: str = "r",
+    *,
+    prio: PriorityClass = STD,
+    prompt: int = 1000,
+    max_tokens: int = 100,
+    arrival: float = 0.0,
+    ttft_budget_s: float | None = None,
+    deadline_s: float | None = None,
+    tenant: str = "t",
+    wf: str | None = None,
+    step: int | None = None,
+    steps: int | None = None,
+) -> CallContext:
+    return CallContext(
+        rid, tenant, "m", prio, arrival, prompt, max_tokens, deadline_s, ttft_budget_s,
+        wf, step, steps,
+    )  # fmt: skip
+
+
+def adm(stub: StubPredictor | None = None, **cfg: object) -> Admission:
+    return Admission(AdmissionConfig(**cfg), stub or StubPredictor())  # type: ignore[arg-type]
+
+
+IDLE = [view("a"), view("b")]
+
+
+def busy(in_flight: int, kv: float = 0.0) -> list[EndpointView]:
+    """Two endpoints with ``in_flight`` outstanding each (4 slots + 1 allowance each)."""
+    return [view("a", in_flight=in_flight, kv=kv), view("b", in_flight=in_flight, kv=kv)]
+
+
+# -- the early-rejection rule ----------------------------------------------------------
+
+
+def test_ttft_budget_against_the_prediction() -> None:
+    a = adm(StubPredictor(wait_s=0.1))  # TTFT = 0.1 + 1000/10k = 0.2 s
+    ok = a.admit(call("fits", ttft_budget_s=0.25), IDLE, 0.0)
+    assert isinstance(ok, Admit) and ok.predicted_ttft_s == pytest.approx(0.2)
+    no = a.admit(call("misses", ttft_budget_s=0.15), IDLE, 0.0)
+    assert isinstance(no, Reject) and no.code == "deadline_unreachable" and no.status == 429
+    assert "0.20s" in no.message
+    # Time already spent waiting counts against the budget.
+    late = a.admit(call("late", ttft_budget_s=0.25, arrival=0.0), IDLE, 0.1)
+    assert isinstance(late, Reject)
+
+
+def test_deadline_against_predicted_completion() -> None:
+    a = adm(StubPredictor(wait_s=0.1, tpot_s=0.01), expected_output_tokens=50)
+    # completion = 0.2 + 0.01 x 49 = 0.69 s (max_tokens 100 capped at the expected 50)
+    assert isinstance(a.admit(call("ok", deadline_s=10.7), IDLE, 10.0), Admit)
+    assert isinstance(a.admit(call("no", deadline_s=10.6), IDLE, 10.0), Reject)
+    short = a.admit(call("short", deadline_s=10.3, max_tokens=5), IDLE, 10.0)  # 0.24 s
+    assert isinstance(short, Admit)
+
+
+def test_critical_is_queued_not_rejected_on_a_predicted_miss_unless_configured() -> None:
+    a = adm(StubPredictor(wait_s=5.0))
+    d = a.admit(call("c", prio=CRIT, ttft_budget_s=1.0), IDLE, 0.0)
+    assert isinstance(d, Admit)
+    strict = adm(StubPredictor(wait_s=5.0), reject_critical_on_deadline=True)
+    assert isinstance(strict.admit(call("c", prio=CRIT, ttft_budget_s=1.0), IDLE, 0.0), Reject)
+
+
+def test_retry_after_comes_from_drain_time_and_is_at_least_one_second() -> None:
+    a = adm(StubPredictor(wait_s=0.2))
+    quick = a.admit(call("x", ttft_budget_s=0.01), IDLE, 0.0)
+    assert isinstance(quick, Reject) and quick.retry_after_s == 1  # 0.2 s drain, floor 1
+    # Queue standard work: 10 calls x (1000 prompt, 100 out) on 2 x (10k prefill, 100 tok/s).
+    for i in range(10):
+        assert isinstance(a.admit(call(f"q{i}"), busy(5), 0.0), Enqueue)
+    slow = a.admit(call("y", ttft_budget_s=0.5), busy(5), 0.0)
+    drain_s = 0.2 + 10 * 1000 / 20_000 + 10 * 100 / 200
+    assert isinstance(slow, Reject) and slow.retry_after_s == int(drain_s) + 1
+    capped = adm(StubPredictor(wait_s=1e6)).admit(call("z", ttft_budget_s=1.0), IDLE, 0.0)
+    assert isinstance(capped, Reject) and capped.retry_after_s == 120
+
+
+# -- shedding by capacity and class ----------------------------------------------------
+
+
+def test_sheddable_first_then_standard_critical_never() -> None:
+    a = adm()
+    sat1 = busy(in_flight=9)  # waiting 5 beyond 4 slots: saturation 1.0
+    assert isinstance(a.admit(call("s", prio=SHED), sat1, 0.0), Reject)
+    assert isinstance(a.admit(call("d", prio=STD), sat1, 0.0), Enqueue)
+    sat2 = busy(in_flight=14)  # saturation 2.0
+    d = a.admit(call("d2", prio=STD), sat2, 0.0)
+    assert isinstance(d, Reject) and d.code == "saturated" and "standard" in d.message
+    assert isinstance(a.admit(call("c", prio=CRIT), busy(in_flight=1000, kv=1.0), 0.0), Enqueue)
+
+
+def test_kv_pressure_saturates_and_blocks_dispatch() -> None:
+    a = adm()
+    assert isinstance(a.admit(call("s", prio=SHED), busy(in_flight=0, kv=0.8), 0.0), Reject)
+    d = a.admit(call("d", prio=STD), busy(in_flight=0, kv=0.8), 0.0)
+    assert isinstance(d, Enqueue)  # no free slot while KV is over the threshold
+
+
+def test_the_gateway_queue_counts_toward_saturation_and_capacity_scales_it() -> None:
+    a = adm()
+    full = busy(in_flight=5)  # no free slot, engine saturation 1/5 = 0.2
+    for i in range(8):  # 8 queued / (2 endpoints x 5) = +0.8 -> 1.0
+        assert isinstance(a.admit(call(f"q{i}"), full, 0.0), Enqueue)
+    assert isinstance(a.admit(call("s", prio=SHED), full, 0.0), Reject)
+    # Twice the endpoints: the same queue is half the saturation, sheddable is queued.
+    wider = [*full, view("c", in_flight=5), view("d", in_flight=5)]
+    assert isinstance(a.admit(call("s2", prio=SHED), wider, 0.0), Enqueue)
+    # Critical sees only critical work ahead: admitted at once when a slot is free.
+    assert isinstance(a.admit(call("c", prio=CRIT), [view("e")], 0.0), Admit)
+
+
+def test_no_endpoint_accepting_work() -> None:
+    a = adm()
+    cold = [view("a", state=EndpointState.COLD), view("b", state=EndpointState.EJECTED)]
+    d = a.admit(call("s"), cold, 0.0)
+    assert isinstance(d, Reject) and d.status == 503 and d.code == "no_capacity"
+    assert isinstance(a.admit(call("c", prio=CRIT), cold, 0.0), Enqueue)
+
+
+# -- workflows -------------------------------------------------------------------------
+
+
+def _run_steps(a: Admission, wf: str, steps: int, total: int) -> None:
+    for s in range(1, steps + 1):
+        c = call(f"{wf}-{s}", wf=wf, step=s, steps=total)
+        assert isinstance(a.admit(c, IDLE, float(s)), Admit)
+        a.on_finish(c, float(s), num_tokens=1100)
+
+
+def test_new_workflows_are_refused_before_old_ones() -> None:
+    a = adm(shed_saturation={"critical": float("inf"), "standard": 1.0, "sheddable": 0.5})
+    _run_steps(a, "old", 4, 5)
+    sat = busy(in_flight=9)  # saturation 1.0: the standard threshold
+    assert isinstance(a.admit(call("plain"), sat, 10.0), Reject)
+    assert isinstance(a.admit(call("new", wf="new", step=1, steps=5), sat, 10.0), Reject)
+    old = a.admit(call("old-5", wf="old", step=5, steps=5), sat, 10.0)
+    assert isinstance(old, Enqueue)  # progress 4/5 raises its threshold by 0.4
+    assert old.item.keep == pytest.approx(0.8)
+    # Just under the threshold a plain call is queued but a new workflow is refused.
+    under = busy(in_flight=8)  # saturation 0.95 (with 1 queued ahead: 0.9 + 0.1)
+    assert isinstance(a.admit(call("new2", wf="new2", step=1), under, 10.0), Reject)
+    assert isinstance(a.admit(call("plain2"), under, 10.0), Enqueue)
+
+
+def test_retry_allowance_then_protection_is_lost() -> None:
+    a = adm(workflows=WorkflowConfig(retry_allowance=1))
+    _run_steps(a, "w", 3, 4)
+    retry = call("w-3b", wf="w", step=3, steps=4)
+    standing = a.workflows.standing(retry)
+    assert standing is not None and standing.is_retry and standing.protected
+    assert isinstance(a.admit(retry, IDLE, 5.0), Admit)
+    a.on_finish(retry, 5.0, num_tokens=10, success=False)
+    again = a.workflows.standing(call("w-3c", wf="w", step=3, steps=4))
+    assert again is not None and not again.protected and again.keep == 0.0
+
+
+def test_queue_order_credits_progress_and_charges_attained_service() -> None:
+    a = adm(workflows=WorkflowConfig(progress_credit_s=2.0, service_penalty_s=2.0))
+    _run_steps(a, "far", 8, 10)  # progress 0.8, 8800 tokens attained
+    full = busy(in_flight=5)
+    plain = a.admit(call("plain", ttft_budget_s=10.0, arrival=20.0), full, 20.0)
+    c = call("far-9", wf="far", step=9, steps=10, ttft_budget_s=10.0, arrival=20.0)
+    far = a.admit(c, full, 20.0)
+    assert isinstance(plain, Enqueue) and isinstance(far, Enqueue)
+    share = 8800 / (8800 + 200_000)
+    assert plain.item.order_key_s == pytest.approx(30.0)
+    assert far.item.order_key_s == pytest.approx(30.0 - 2.0 * 0.8 + 2.0 * share)
+    assert [e.item.request_id for e in a.poll(21.0, lambda m: IDLE, limit=1)] == ["far-9"]
+
+
+# -- quotas, dispatch, accounting ------------------------------------------------------
+
+
+def test_quota_refusal_names_the_quota_and_frees_nothing_else() -> None:
+    quotas = QuotasConfig(tenants={"t": QuotaLimits(requests_per_min=1)})
+    a = adm(quotas=quotas)
+    assert isinstance(a.admit(call("a"), IDLE, 0.0), Admit)
+    d = a.admit(call("b"), IDLE, 0.0)
+    assert isinstance(d, Reject) and d.code == "quota_requests_per_min" and d.retry_after_s == 60
+    snap = a.snapshot()
+    assert snap.admitted == {"standard": 1} and snap.rejected == {
+        "standard": {"quota_requests_per_min": 1}
+    }
+
+
+def test_late_binding_dispatch_when_a_slot_frees() -> None:
+    quotas = QuotasConfig(default_tenant=QuotaLimits(max_concurrency=100))
+    a = adm(quotas=quotas)
+    pools = {"m": busy(in_flight=5)}
+    for i, prio in enumerate([SHED, STD, CRIT]):
+        assert isinstance(a.admit(call(f"r{i}", prio=prio), pools["m"], 0.0), Enqueue)
+    assert a.poll(1.0, lambda m: pools[m]) == []  # still no free slot
+    pools["m"] = [view("a", in_flight=3), view("b", in_flight=5)]  # two slots free on a
+    out = a.poll(2.0, lambda m: pools[m])
+    assert [(e.item.request_id, e.kind) for e in out] == [
+        ("r2", ExitKind.DISPATCHED),
+        ("r1", ExitKind.DISPATCHED),
+    ]
+    assert out[0].waited_s == 2.0 and len(a.queue) == 1
+    assert a.quotas.concurrency("tenant", "t") == 3  # dispatched calls still hold theirs
+    snap = a.snapshot()
+    assert snap.exits["critical"] == {"dispatched": 1} and snap.queue_depth["sheddable"] == 1
+
+
+def test_expired_and_evicted_calls_give_back_their_quota() -> None:
+    quotas = QuotasConfig(default_tenant=QuotaLimits(max_concurrency=100))
+    a = adm(quotas=quotas, queue=QueueConfig(max_items=1))
+    full = busy(in_flight=5)
+    first = a.admit(call("s", prio=SHED, ttft_budget_s=3.0), full, 0.0)
+    assert isinstance(first, Enqueue)
+    second = a.admit(call("d", prio=STD, ttft_budget_s=3.0), full, 0.0)
+    assert isinstance(second, Enqueue) and [e.item.request_id for e in second.evicted] == ["s"]
+    assert a.quotas.concurrency("tenant", "t") == 1
+    third = a.admit(call("d2", prio=STD), full, 0.0)
+    assert isinstance(third, Reject) and third.code == "queue_full" and third.retry_after_s >= 1
+    out = a.poll(5.0, lambda m: full)  # past its budget: expired, never dispatched
+    assert [(e.item.request_id, e.kind) for e in out] == [("d", ExitKind.EXPIRED)]
+    assert a.quotas.concurrency("tenant", "t") == 0 and len(a.queue) == 0
+
+
+def _pool(num_running: int) -> list[EndpointView]:
+    half = num_running // 2
+    return [view("a", in_flight=half), view("b", in_flight=num_running - half)]
+
+
+def test_every_call_gets_exactly_one_outcome_under_overload() -> None:
+    """Random overload: each call is finished, rejected, or leaves the queue; once."""
+    rng = random.Random(7)
+    a = adm(queue=QueueConfig(max_items=20))
+    outcomes: dict[str, list[str]] = {}
+    prio: dict[str, PriorityClass] = {}
+    running: list[CallContext] = []
+    for n in range(400):
+        now = n * 0.05
+        c = call(
+            f"r{n}",
+            prio=rng.choice(list(PriorityClass)),
+            ttft_budget_s=rng.choice([None, 1.0, 5.0]),
+            arrival=now,
+        )
+        prio[c.request_id] = c.priority
+        d = a.admit(c, _pool(len(running)), now)
+        if isinstance(d, Enqueue):
+            for e in d.evicted:
+                outcomes.setdefault(e.item.request_id, []).append(e.kind.value)
+        elif isinstance(d, Admit):
+            running.append(c)
+        else:
+            outcomes.setdefault(c.request_id, []).append(d.code)
+        if running and rng.random() < 0.4:
+            done = running.pop(0)
+            a.on_finish(done, now, num_tokens=100)
+            outcomes.setdefault(done.request_id, []).append("finished")
+        for e in a.poll(now, lambda m: _pool(len(running)), limit=1):
+            if e.kind is ExitKind.DISPATCHED:
+                running.append(e.item.call)
+            else:
+                outcomes.setdefault(e.item.request_id, []).append(e.kind.value)
+    for done in running:
+        outcomes.setdefault(done.request_id, []).append("finished")
+    for e in a.poll(1e9, lambda m: []):
+        outcomes.setdefault(e.item.request_id, []).append(e.kind.value)
+    assert len(outcomes) == 400 and all(len(o) == 1 for o in outcomes.values())
+    assert len(a.queue) == 0 and a.quotas.num_open() == 0
+    kinds = {o[0] for o in outcomes.values()}
+    assert {"finished", "saturated"} <= kinds  # overload did shed, and work was served
+    shed_critical = [r for r, o in outcomes.items() if prio[r] is CRIT and o[0] == "saturated"]
+    assert shed_critical == []
