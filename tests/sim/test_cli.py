@@ -14,7 +14,7 @@ from .helpers import write_scenario
 
 @pytest.mark.slow
 def test_simulate_writes_json_and_html(tmp_path: Path) -> None:
-    path = write_scenario(tmp_path, duration_s=10, drain_s=10)
+    path = write_scenario(tmp_path, duration_s=6, drain_s=10)
     out = tmp_path / "out"
     assert main(["simulate", str(path), "--out", str(out), "--quiet", "--seed", "9"]) == 0
     doc = json.loads((out / "result.json").read_text(encoding="utf-8"))

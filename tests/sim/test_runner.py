@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
+
+import pytest
 
 from inferplane.config import load_config
 from inferplane.engine.profiles import load_profile
@@ -23,7 +28,7 @@ def _sim(path: Path, policy: str = "inferplane") -> Simulation:
 
 
 def test_same_seed_gives_byte_identical_json(tmp_path: Path) -> None:
-    path = write_scenario(tmp_path)
+    path = write_scenario(tmp_path, duration_s=12)
     first = to_json(simulate(path)[0])
     second = to_json(simulate(path)[0])
     assert first == second
@@ -113,3 +118,17 @@ def test_region_outage_and_scale_out(tmp_path: Path) -> None:
     assert late and all(r.endpoint != "h100-1" for r in late)
     assert any(r.endpoint == "h100-0+1" for r in late)  # the new replica warmed and served
     assert result.extra_spend_usd > 0
+
+
+@pytest.mark.slow
+def test_json_is_identical_across_processes_with_different_hash_seeds(tmp_path: Path) -> None:
+    path = write_scenario(tmp_path, policies=["inferplane", "cache-aware"], duration_s=8)
+    outputs = []
+    for hash_seed in ("1", "2"):
+        out = tmp_path / f"out{hash_seed}"
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+        cmd = [sys.executable, "-m", "inferplane.cli", "simulate", str(path), "--out", str(out),
+               "--quiet", "--no-html"]  # fmt: skip
+        subprocess.run(cmd, env=env, check=True, timeout=120)
+        outputs.append((out / "result.json").read_bytes())
+    assert outputs[0] == outputs[1]
