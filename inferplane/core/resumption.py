@@ -1,28 +1,23 @@
 """Stream resumption: continue a broken stream on another endpoint, as one stream.
 
-An endpoint that dies after streaming N tokens cannot simply be retried: the client has
-the N tokens already, and a replay would send them again (or different ones). Instead the
-gateway asks another endpoint to *continue* the partial answer and splices the two
-streams (as Dynamo's request migration does, REFERENCE §5):
+An endpoint that dies after streaming N tokens cannot simply be retried: the client holds
+the N tokens, and a replay would send them again (or different ones). Instead another
+endpoint *continues* the partial answer (as Dynamo's request migration does, REFERENCE §5):
+chat appends it as a final assistant message with ``continue_final_message: true,
+add_generation_prompt: false`` (vLLM's extension; appended to the client's own final
+assistant message when it was already continuing one); completions send prompt + partial
+text, or prompt ids + generated ids when the gateway knows them (exact, no
+re-tokenisation). ``max_tokens`` / ``max_completion_tokens`` and ``min_tokens`` shrink by
+the tokens sent; usage is always asked for.
 
-* chat: the partial answer is appended as a final assistant message with
-  ``continue_final_message: true, add_generation_prompt: false`` (vLLM's extension); if
-  the client was itself continuing a final assistant message, the text is appended to it;
-* completions: the prompt becomes prompt + partial text, or, when the gateway knows token
-  ids, prompt ids + generated ids (exact: no re-tokenisation);
-* ``max_tokens`` (or ``max_completion_tokens``) and ``min_tokens`` are reduced by the
-  tokens already sent; usage is always asked for.
-
-``plan_resumption`` decides (continue, finish, give up) with a reason; ``StreamStitcher``
-watches the stream as it is forwarded and rewrites the continuation's chunks so the client
-sees one stream: the original ``id``/``created``/``model``, no second role delta, and one
-final usage whose ``prompt_tokens`` are the original prompt's and ``completion_tokens``
-the sum of all segments. The prefill a continuation recomputes (its prompt tokens not
-served from cache) is counted as wasted. The first segment is only recorded as raw bytes
-and parsed if it breaks, so the normal path costs one list append per event.
-
-Caveat: a stop string that straddles the break is not seen by the continuing engine.
-Pure: no I/O, no clock.
+``plan_resumption`` decides (continue, finish, give up) with a reason. ``StreamStitcher``
+watches the forwarded stream and rewrites the continuation's chunks so the client sees one
+stream: the original ``id``/``created``/``model``, no second role delta, one final usage
+with the original ``prompt_tokens`` and the summed ``completion_tokens``. The prefill a
+continuation recomputes (its prompt tokens not served from cache) is counted as wasted.
+The first segment is only kept as raw bytes and parsed if it breaks, so the normal path
+costs one list append per event. Caveat: a stop string straddling the break is not seen
+by the continuing engine. Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -100,7 +95,7 @@ def plan_resumption(
     if progress.usage_seen or progress.finish_reason is not None:
         why = "stream had finished; only its end was lost"
         return ResumptionPlan(ResumeAction.FINISH, why, None, sent, 0, 0, progress.finish_reason)
-    refusal = _refusal(original, progress, failure, resumptions_made, max_resumptions)
+    refusal = _refusal(original, progress, failure, max_resumptions - resumptions_made)
     if refusal is not None:
         return ResumptionPlan(ResumeAction.GIVE_UP, refusal, num_tokens_sent=sent)
     limit_key = next((k for k in _LIMIT_KEYS if isinstance(original.get(k), int)), None)
@@ -128,16 +123,12 @@ def plan_resumption(
 
 
 def _refusal(
-    original: Mapping[str, Any],
-    progress: StreamProgress,
-    failure: FailureKind,
-    resumptions_made: int,
-    max_resumptions: int,
+    original: Mapping[str, Any], progress: StreamProgress, failure: FailureKind, left: int
 ) -> str | None:
     if not failure.retryable:
         return f"{failure.value} is not resumed"
-    if resumptions_made >= max_resumptions:
-        return f"already resumed {resumptions_made} time(s)"
+    if left <= 0:
+        return "already resumed as often as allowed"
     if progress.overflowed:
         return "stream too long to keep for resumption"
     if progress.has_tool_calls:
@@ -175,19 +166,14 @@ def _continue_chat(body: dict[str, Any], text: str) -> str | None:
 
 
 def _token_ids(
-    original: Mapping[str, Any],
-    prompt_ids: Sequence[int] | None,
-    generated_ids: Sequence[int] | None,
+    original: Mapping[str, Any], prompt_ids: Sequence[int] | None, generated: Sequence[int] | None
 ) -> list[int] | None:
     """prompt ids + generated ids, when both are known."""
-    if generated_ids is None:
-        return None
     prompt = original.get("prompt")
-    if prompt_ids is None and _is_ids(prompt):
-        prompt_ids = prompt
-    if prompt_ids is None and isinstance(prompt, list) and len(prompt) == 1 and _is_ids(prompt[0]):
-        prompt_ids = prompt[0]
-    return None if prompt_ids is None else [*prompt_ids, *generated_ids]
+    if isinstance(prompt, list) and len(prompt) == 1 and _is_ids(prompt[0]):
+        prompt = prompt[0]
+    base = prompt_ids if prompt_ids is not None else (prompt if _is_ids(prompt) else None)
+    return None if base is None or generated is None else [*base, *generated]
 
 
 def _is_ids(value: Any) -> bool:
@@ -267,13 +253,10 @@ class StreamStitcher:
     def progress(self) -> StreamProgress:
         self._catch_up()
         s = self._seen
+        num_tokens = s.tokens_before + s.segment_tokens
+        text = "".join(s.pieces)
         return StreamProgress(
-            text="".join(s.pieces),
-            num_tokens=s.tokens_before + s.segment_tokens,
-            finish_reason=s.finish_reason,
-            usage_seen=s.usage_seen,
-            has_tool_calls=s.tool_calls,
-            overflowed=self._overflowed,
+            text, num_tokens, s.finish_reason, s.usage_seen, s.tool_calls, self._overflowed
         )
 
     def start_continuation(self) -> None:
@@ -383,14 +366,13 @@ class StreamStitcher:
         return out
 
     def _head(self, obj: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        s = self._seen
-        fallback = obj or {}
-        return {
-            "id": s.response_id if s.response_id is not None else fallback.get("id"),
-            "object": _OBJECT[self._kind],
-            "created": s.created if s.created is not None else fallback.get("created"),
-            "model": s.model if s.model is not None else fallback.get("model"),
-        }
+        s, other = self._seen, obj or {}
+        rid, created, model = (
+            (s.response_id, s.created, s.model)
+            if s.response_id is not None
+            else (other.get("id"), other.get("created"), other.get("model"))
+        )
+        return {"id": rid, "object": _OBJECT[self._kind], "created": created, "model": model}
 
     def _finish_choice(self, reason: str) -> dict[str, Any]:
         if self._kind is StreamKind.CHAT:

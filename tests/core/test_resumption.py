@@ -258,7 +258,7 @@ def test_completion_continuation_prompt(prompt: Any, ids: list[int] | None, expe
     [
         (CHAT_BODY, _progress(), FailureKind.CLIENT_ERROR, 0, ResumeAction.GIVE_UP, "not resumed"),
         (CHAT_BODY, _progress(), FailureKind.CANCELLED, 0, ResumeAction.GIVE_UP, "not resumed"),
-        (CHAT_BODY, _progress(), RESET, 2, ResumeAction.GIVE_UP, "already resumed"),
+        (CHAT_BODY, _progress(), RESET, 2, ResumeAction.GIVE_UP, "as often as allowed"),
         ({**CHAT_BODY, "n": 2}, _progress(), RESET, 0, ResumeAction.GIVE_UP, "choices"),
         ({"prompt": "x", "echo": True}, _progress(), RESET, 0, ResumeAction.GIVE_UP, "echo"),
         (
@@ -340,3 +340,39 @@ def test_recording_is_bounded() -> None:
     assert progress.overflowed and progress.num_tokens == 5
     plan = plan_resumption(COMPLETION, {"prompt": "p"}, progress, RESET)
     assert plan.action is ResumeAction.GIVE_UP
+
+
+@pytest.mark.parametrize("kind", [CHAT, COMPLETION])
+@pytest.mark.parametrize("cut", [1, 7, 19])
+def test_continuation_resumes_the_emulated_engine_token_for_token(
+    kind: StreamKind, cut: int
+) -> None:
+    """The planned body, parsed by the emulated engine, is the original context plus the
+    tokens already sent, so the deterministic engine continues exactly where it broke."""
+    from inferplane.engine.generation import TokenGenerator
+    from inferplane.engine.protocol import ApiKind, parse_generation
+    from inferplane.tokenizer import get_tokenizer
+
+    tok = get_tokenizer()
+    api = ApiKind.CHAT if kind is CHAT else ApiKind.COMPLETION
+    original: dict[str, Any] = {"model": "m", "max_tokens": 24, "stream": True}
+    if kind is CHAT:
+        original["messages"] = [{"role": "user", "content": "Tell me about the sea, please."}]
+    else:
+        original["prompt"] = "The sea, at dawn, is"
+
+    def prompt_ids(body: dict[str, Any]) -> list[int]:
+        req = parse_generation(body, api, served_model="m", max_model_len=4096, tokenizer=tok)
+        return list(req.prompt_token_ids)
+
+    first = prompt_ids(original)
+    full = TokenGenerator(10_000).generate(first, 24, ignore_eos=True)
+    decoder = tok.stream_decoder(first[-1])
+    pieces = [decoder.push(t) for t in full[:cut]]
+    progress = StreamProgress(text="".join(pieces), num_tokens=cut)
+    plan = plan_resumption(kind, original, progress, RESET)
+    assert plan.action is ResumeAction.CONTINUE and plan.body is not None
+    resumed = prompt_ids(dict(plan.body))
+    assert resumed == first + full[:cut]
+    rest = TokenGenerator(10_000).generate(resumed, plan.body["max_tokens"], ignore_eos=True)
+    assert rest == full[cut:]
