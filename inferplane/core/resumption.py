@@ -112,7 +112,11 @@ def plan_resumption(
     if problem is not None:
         return ResumptionPlan(ResumeAction.GIVE_UP, problem, num_tokens_sent=sent)
     body["stream"] = True
-    body["stream_options"] = {"include_usage": True}
+    options = original.get("stream_options")
+    body["stream_options"] = {
+        **(options if isinstance(options, Mapping) else {}),
+        "include_usage": True,
+    }
     if limit_key is not None and left is not None:
         body[limit_key] = left
     if isinstance(original.get("min_tokens"), int):

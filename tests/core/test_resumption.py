@@ -198,6 +198,7 @@ CHAT_BODY: dict[str, Any] = {
 
 def test_chat_continuation_body() -> None:
     original = {**CHAT_BODY, "messages": list(CHAT_BODY["messages"])}
+    original["stream_options"] = {"continuous_usage_stats": False}
     plan = plan_resumption(CHAT, original, _progress(), RESET, prompt_tokens=50)
     assert plan.action is ResumeAction.CONTINUE
     body = plan.body
@@ -208,9 +209,10 @@ def test_chat_continuation_body() -> None:
     ]
     assert body["continue_final_message"] is True and body["add_generation_prompt"] is False
     assert body["max_tokens"] == 7 and body["min_tokens"] == 2
-    assert body["stream_options"] == {"include_usage": True}
+    assert body["stream_options"] == {"continuous_usage_stats": False, "include_usage": True}
     assert plan.recompute_tokens_estimate == 53
-    assert original == {**CHAT_BODY}  # the original is not mutated
+    assert original["messages"] == CHAT_BODY["messages"]  # the original is not mutated
+    assert original["stream_options"] == {"continuous_usage_stats": False}
 
 
 def test_chat_that_was_already_continuing_appends_to_its_message() -> None:
