@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import enum
 import heapq
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from inferplane.core.admission_config import QueueConfig
@@ -113,10 +114,17 @@ _Heap = list[tuple[float, int, _Entry]]
 class _Service:
     value: float = 0.0  # tokens, decayed to ``at_s``
     at_s: float = 0.0
+    #: log2(value / weight) + at_s / half-life: every value decays by the same factor, so
+    #: this orders tenants by decayed service over weight at any instant, without a clock.
+    key: float = -math.inf
 
     def at(self, now: float, half_life_s: float) -> float:
         decay: float = 0.5 ** (max(0.0, now - self.at_s) / half_life_s)
         return self.value * decay
+
+    def set(self, value: float, at_s: float, half_life_s: float, weight: float) -> None:
+        self.value, self.at_s = value, at_s
+        self.key = math.log2(value / weight) + at_s / half_life_s if value > 0 else -math.inf
 
 
 @dataclass(slots=True)
@@ -257,7 +265,7 @@ class RequestQueue:
             if n > 0 and t in band.service
         ]
         floor = min(active) * weight if active else 0.0
-        svc.value, svc.at_s = max(svc.at(now, hl), floor), max(now, svc.at_s)
+        svc.set(max(svc.at(now, hl), floor), max(now, svc.at_s), hl, weight)
         if len(band.service) > 4 * (len(band.live) + _REBUILD_SLACK):
             self._prune(band, now)
 
@@ -281,7 +289,7 @@ class RequestQueue:
             band = self._bands[priority]
             if band.count == 0:
                 continue
-            for tenant in self._tenant_order(band, now):
+            for tenant in self._tenant_order(band):
                 heads = [self._live_head(f, now) for f in list(band.flows[tenant].values())]
                 ordered = sorted(
                     (h for h in heads if h is not None),
@@ -296,10 +304,13 @@ class RequestQueue:
                         return self._remove(head, ExitKind.DISPATCHED, now, "dispatched")
         return None
 
-    def _tenant_order(self, band: _Band, now: float) -> list[str]:
-        hl, cfg = self.config.service_half_life_s, self.config
-        active = [t for t, n in band.live.items() if n > 0]  # copy: flows may empty meanwhile
-        return sorted(active, key=lambda t: (band.service[t].at(now, hl) / cfg.weight_of(t), t))
+    @staticmethod
+    def _tenant_order(band: _Band) -> Iterator[str]:
+        """Active tenants, least normalised service first (lazily: usually one is enough)."""
+        keyed = [(band.service[t].key, t) for t in band.live]  # a copy: flows may empty
+        heapq.heapify(keyed)
+        while keyed:
+            yield heapq.heappop(keyed)[1]
 
     def _live_head(self, flow: _Flow, now: float) -> _Entry | None:
         """The flow's first live, unexpired entry (expired heads go to the outbox)."""
@@ -317,9 +328,14 @@ class RequestQueue:
     def charge(self, tenant: str, priority: PriorityClass, tokens: float, now: float) -> None:
         """Add (or, correcting an estimate, subtract) attained service for a tenant."""
         band = self._bands[priority]
+        hl = self.config.service_half_life_s
         svc = band.service.setdefault(tenant, _Service(0.0, now))
-        svc.value = max(0.0, svc.at(now, self.config.service_half_life_s) + tokens)
-        svc.at_s = max(now, svc.at_s)
+        svc.set(
+            max(0.0, svc.at(now, hl) + tokens),
+            max(now, svc.at_s),
+            hl,
+            self.config.weight_of(tenant),
+        )
 
     def expire(self, now: float) -> list[QueueExit]:
         """Remove calls whose ``expires_at_s`` has come; includes those met while popping."""
