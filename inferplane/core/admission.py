@@ -278,6 +278,10 @@ class Admission:
                 call.workflow_id, now, num_tokens=num_tokens, cost_usd=cost_usd, success=success
             )
 
+    def next_expiry_s(self) -> float | None:
+        """When :meth:`poll` must next run to expire a queued call (None: queue empty)."""
+        return self.queue.next_expiry_s()
+
     def expire_workflows(self, now: float) -> list[str]:
         return self.workflows.expire(now)
 

@@ -348,6 +348,14 @@ class RequestQueue:
                 out.append(self._remove(entry, ExitKind.EXPIRED, now, "deadline"))
         return out
 
+    def next_expiry_s(self) -> float | None:
+        """When the earliest waiting call expires (a simulator schedules its wake-up here)."""
+        if self._outbox:
+            return -math.inf
+        while self._expiry and not self._expiry[0][2].alive:
+            heapq.heappop(self._expiry)
+        return self._expiry[0][0] if self._expiry else None
+
     def cancel(self, request_id: str, now: float, reason: str = "cancelled") -> QueueExit | None:
         """Remove a waiting call (the client went away); None if it is not queued."""
         entry = self._entries.get(request_id)

@@ -96,12 +96,15 @@ def test_blocked_model_does_not_block_others_work_conserving() -> None:
 
 def test_expired_calls_are_never_dispatched_and_are_reported() -> None:
     q = RequestQueue()
+    assert q.next_expiry_s() is None
     q.push(item("late", key=0, expires=5.0), 0.0)
     q.push(item("ok", key=1, expires=50.0), 0.0)
+    assert q.next_expiry_s() == 5.0
     out = q.pop_next(10.0)
     assert out is not None and out.item.request_id == "ok"
     expired = q.expire(10.0)
     assert [(e.item.request_id, e.kind) for e in expired] == [("late", ExitKind.EXPIRED)]
+    assert q.next_expiry_s() is None
     assert len(q) == 0 and q.expire(11.0) == []
 
 
