@@ -9,7 +9,8 @@ For each call, in order (the first rule that answers decides):
 3. **deadline**: the predicted TTFT (best endpoint now, plus draining the queued work
    served before this class) against the TTFT budget, and predicted completion against the
    deadline; a miss is rejected at once rather than burning GPU time (critical calls are
-   queued anyway unless ``reject_critical_on_deadline``);
+   queued anyway unless ``reject_critical_on_deadline``, and leave the queue as expired
+   once dispatching could no longer meet the deadline, like every class);
 4. **shedding by capacity**: the pool's saturation as seen by the class (llm-d's engine
    saturation plus the gateway queue ahead of it, :mod:`inferplane.core.capacity`) against
    the class's threshold: sheddable first, then standard, critical never. A workflow's
@@ -209,9 +210,7 @@ class Admission:
             due.append(call.deadline_s)
         key = min(due)
         expires = give_up_s
-        if cap.best is not None and (
-            prio is not PriorityClass.CRITICAL or cfg.reject_critical_on_deadline
-        ):
+        if cap.best is not None:  # critical too: queued despite a predicted miss, not for ever
             if call.ttft_budget_s is not None:
                 expires = min(expires, call.arrival_s + call.ttft_budget_s - cap.best.prefill_s)
             if call.deadline_s is not None:

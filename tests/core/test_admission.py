@@ -108,6 +108,10 @@ def test_critical_is_queued_not_rejected_on_a_predicted_miss_unless_configured()
     a = adm(StubPredictor(wait_s=5.0))
     d = a.admit(call("c", prio=CRIT, ttft_budget_s=1.0), IDLE, 0.0)
     assert isinstance(d, Admit)
+    queued = a.admit(call("c2", prio=CRIT, ttft_budget_s=1.0), busy(5), 0.0)
+    assert isinstance(queued, Enqueue)  # no slot: waits, but only while it can still make it
+    assert queued.item.expires_at_s == pytest.approx(1.0 - 1000 / 10_000)
+    assert [e.kind for e in a.poll(0.95, lambda m: IDLE)] == [ExitKind.EXPIRED]
     strict = adm(StubPredictor(wait_s=5.0), reject_critical_on_deadline=True)
     assert isinstance(strict.admit(call("c", prio=CRIT, ttft_budget_s=1.0), IDLE, 0.0), Reject)
 
