@@ -1,0 +1,350 @@
+"""The autoscaler: a level-triggered control loop that sizes each pool (sense, detect, adapt).
+
+Every tick a body hands the loop one :class:`PoolSignal` per pool (what it observed over the
+last window: tokens and requests that arrived, the backlog, SLO attainment and the replicas it
+has, by GPU type and state) and gets back a :class:`ScaleDecision` per pool: how many replicas
+of each GPU type the pool should have, and why. The loop compares desired with actual state
+on every tick (level-triggered, like a Kubernetes controller), so a lost tick or a failed
+start is corrected by the next one; nothing depends on seeing an edge.
+
+How the desired size is found:
+
+* **sense**: the observed demand is tokens per second over the window; a Holt forecaster
+  (level plus trend, exponentially smoothed) learns its course. A body that knows more (a
+  schedule, a diurnal profile) passes a :class:`Forecast` instead.
+* **ahead of need**: a new replica takes its cold-start time before it serves, so capacity is
+  sized for the peak forecast over ``[now, now + cold start + tick]``, not for now.
+* **detect**: a backlog adds the replicas that drain it within ``backlog_drain_s``; SLO
+  attainment under target while the pool runs hot adds one replica per tick.
+* **adapt, cost-aware**: capacity in tokens/s is bought with the GPU option of least cost for
+  the gap (whole replicas at their hourly price), and shed from the replicas of highest cost
+  per token first; draining replicas finish their work and count for nothing.
+* **no flapping**: scale-up is immediate; scale-down only follows the *largest* need seen over
+  ``scale_down_window_s`` (Kubernetes' stabilisation window), only when that need is below the
+  current capacity by more than ``down_tolerance``, and not within ``scale_down_cooldown_s``
+  of the last scale-up. ``min_replicas`` and ``max_replicas`` bound the total.
+
+Pure: no clock, no I/O; ``now_s`` comes in the signal and the state is a value passed back in.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+__all__ = [
+    "Autoscaler",
+    "AutoscalerState",
+    "Forecast",
+    "GpuOption",
+    "HoltForecast",
+    "PoolPolicy",
+    "PoolSignal",
+    "ScaleAction",
+    "ScaleDecision",
+    "ScheduleForecast",
+]
+
+
+class ScaleAction(enum.Enum):
+    HOLD = "hold"
+    UP = "up"
+    DOWN = "down"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuOption:
+    """One way to serve a pool's model: a replica of this GPU type."""
+
+    gpu: str
+    price_per_hour_usd: float  # per replica (all its GPUs)
+    tokens_per_s: float  # sustainable prompt + output tokens per second per replica
+    cold_start_s: float  # from start to serving
+
+    @property
+    def usd_per_million_tokens(self) -> float:
+        return 1e6 * self.price_per_hour_usd / (3600.0 * self.tokens_per_s)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolPolicy:
+    """How one pool may be sized."""
+
+    pool: str
+    options: tuple[GpuOption, ...]
+    min_replicas: int = 1
+    max_replicas: int = 8
+    target_utilisation: float = 0.7  # plan for this fraction of each replica's throughput
+    backlog_drain_s: float = 30.0  # a backlog should drain within this
+    slo_target: float = 0.95  # attainment below this while the pool runs hot adds a replica
+    hot_utilisation: float = 0.5  # "runs hot": observed demand over this fraction of capacity
+    scale_down_window_s: float = 300.0
+    scale_down_cooldown_s: float = 120.0
+    down_tolerance: float = 0.1
+    tick_s: float = 15.0
+
+    def __post_init__(self) -> None:
+        if not self.options:
+            raise ValueError(f"pool {self.pool!r}: at least one GPU option")
+        if not 0 <= self.min_replicas <= self.max_replicas:
+            raise ValueError(f"pool {self.pool!r}: need 0 <= min_replicas <= max_replicas")
+        if not 0 < self.target_utilisation <= 1:
+            raise ValueError(f"pool {self.pool!r}: target_utilisation in (0, 1]")
+        if any(o.tokens_per_s <= 0 or o.price_per_hour_usd < 0 for o in self.options):
+            raise ValueError(f"pool {self.pool!r}: options need tokens_per_s > 0, price >= 0")
+
+    def option(self, gpu: str) -> GpuOption | None:
+        return next((o for o in self.options if o.gpu == gpu), None)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSignal:
+    """What a body observed of one pool over the last window ending at ``now_s``."""
+
+    pool: str
+    now_s: float
+    window_s: float
+    tokens: float  # prompt + output tokens of calls that arrived in the window
+    requests: int = 0
+    backlog_tokens: float = 0.0  # tokens queued and not yet started
+    slo_attainment: float | None = None  # fraction of calls in the window within SLO
+    serving: Mapping[str, int] = field(default_factory=dict)  # gpu -> ready replicas
+    starting: Mapping[str, int] = field(default_factory=dict)  # gpu -> cold/warming replicas
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.window_s if self.window_s > 0 else 0.0
+
+    def replicas(self) -> dict[str, int]:
+        """Replicas that are or will be serving (draining ones excluded), by GPU type."""
+        out = dict(self.serving)
+        for gpu, n in self.starting.items():
+            out[gpu] = out.get(gpu, 0) + n
+        return {g: n for g, n in out.items() if n > 0}
+
+
+class Forecast(Protocol):
+    """Demand ahead, in tokens per second."""
+
+    def peak_tokens_per_s(self, start_s: float, end_s: float) -> float: ...
+
+
+@dataclass(frozen=True, slots=True)
+class HoltForecast:
+    """Holt's linear smoothing of a rate: a level and a trend per second, updated per window."""
+
+    level: float = 0.0
+    trend_per_s: float = 0.0
+    at_s: float | None = None
+    alpha: float = 0.5
+    beta: float = 0.1  # a slow trend: noise must not read as growth
+
+    def update(self, rate: float, now_s: float) -> HoltForecast:
+        if self.at_s is None:
+            return replace(self, level=rate, trend_per_s=0.0, at_s=now_s)
+        dt = now_s - self.at_s
+        if dt <= 0:
+            return self
+        predicted = self.level + self.trend_per_s * dt
+        level = self.alpha * rate + (1 - self.alpha) * predicted
+        trend = self.beta * (level - self.level) / dt + (1 - self.beta) * self.trend_per_s
+        return replace(self, level=max(0.0, level), trend_per_s=trend, at_s=now_s)
+
+    def peak_tokens_per_s(self, start_s: float, end_s: float) -> float:
+        if self.at_s is None:
+            return 0.0
+        ends = (self.level + self.trend_per_s * (t - self.at_s) for t in (start_s, end_s))
+        return max(0.0, *ends)
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleForecast:
+    """A known demand course: piecewise-constant ``(from_s, tokens_per_s)`` steps, sorted."""
+
+    steps: tuple[tuple[float, float], ...]
+
+    def peak_tokens_per_s(self, start_s: float, end_s: float) -> float:
+        peak, current = 0.0, 0.0
+        for at_s, rate in self.steps:
+            if at_s <= start_s:
+                current = rate
+            elif at_s <= end_s:
+                peak = max(peak, rate)
+        return max(peak, current)
+
+
+@dataclass(frozen=True, slots=True)
+class _PoolMemory:
+    forecast: HoltForecast = field(default_factory=HoltForecast)
+    needs: tuple[tuple[float, float], ...] = ()  # (at_s, capacity tokens/s) in the window
+    last_up_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AutoscalerState:
+    """What the loop remembers between ticks, per pool."""
+
+    pools: Mapping[str, _PoolMemory] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ScaleDecision:
+    """One pool's desired replicas by GPU type, with the numbers behind it."""
+
+    pool: str
+    action: ScaleAction
+    desired: Mapping[str, int]  # gpu -> replicas
+    current: Mapping[str, int]
+    demand_tokens_per_s: float  # the demand sized for (forecast peak over the horizon)
+    need_tokens_per_s: float  # capacity wanted (demand, backlog and SLO, before bounds)
+    reason: str
+
+    @property
+    def desired_total(self) -> int:
+        return sum(self.desired.values())
+
+    @property
+    def current_total(self) -> int:
+        return sum(self.current.values())
+
+
+class Autoscaler:
+    """Sizes pools; ``decide`` is pure: it returns the decisions and the next state."""
+
+    def __init__(self, policies: Sequence[PoolPolicy]) -> None:
+        self.policies = {p.pool: p for p in policies}
+
+    def decide(
+        self,
+        signals: Sequence[PoolSignal],
+        state: AutoscalerState,
+        forecasts: Mapping[str, Forecast] | None = None,
+    ) -> tuple[list[ScaleDecision], AutoscalerState]:
+        pools = dict(state.pools)
+        decisions: list[ScaleDecision] = []
+        for signal in signals:
+            policy = self.policies.get(signal.pool)
+            if policy is None:
+                continue
+            memory = pools.get(signal.pool, _PoolMemory())
+            given = None if forecasts is None else forecasts.get(signal.pool)
+            decision, pools[signal.pool] = _decide_pool(policy, signal, memory, given)
+            decisions.append(decision)
+        return decisions, AutoscalerState(pools)
+
+
+def _decide_pool(
+    policy: PoolPolicy, signal: PoolSignal, memory: _PoolMemory, given: Forecast | None
+) -> tuple[ScaleDecision, _PoolMemory]:
+    now = signal.now_s
+    holt = memory.forecast.update(signal.tokens_per_s, now)
+    forecast: Forecast = holt if given is None else given
+    current = signal.replicas()
+    horizon_s = max(o.cold_start_s for o in policy.options) + policy.tick_s
+    demand = max(signal.tokens_per_s, forecast.peak_tokens_per_s(now, now + horizon_s))
+    need = demand / policy.target_utilisation + signal.backlog_tokens / policy.backlog_drain_s
+    capacity = _capacity(policy, current)
+    reasons = [f"demand {demand:.0f} tok/s (horizon {horizon_s:.0f} s)"]
+    if signal.backlog_tokens > 0:
+        reasons.append(f"backlog {signal.backlog_tokens:.0f} tok")
+    hot = capacity > 0 and signal.tokens_per_s > policy.hot_utilisation * capacity
+    slo = signal.slo_attainment
+    slo_add = slo is not None and slo < policy.slo_target and hot
+    if slo_add:
+        need = max(need, capacity + _cheapest_for(policy, 1.0).tokens_per_s)
+        reasons.append(f"SLO attainment {slo:.3f} < {policy.slo_target}")
+    needs = (
+        *((t, n) for t, n in memory.needs if t > now - policy.scale_down_window_s),
+        (now, need),
+    )
+    desired, action, why = _plan(policy, current, need, max(n for _, n in needs), memory, now)
+    reasons.append(why)
+    last_up = now if action is ScaleAction.UP else memory.last_up_s
+    decision = ScaleDecision(
+        pool=policy.pool,
+        action=action,
+        desired=desired,
+        current=current,
+        demand_tokens_per_s=demand,
+        need_tokens_per_s=need,
+        reason="; ".join(reasons),
+    )
+    return decision, _PoolMemory(forecast=holt, needs=needs[-256:], last_up_s=last_up)
+
+
+def _plan(
+    policy: PoolPolicy,
+    current: dict[str, int],
+    need: float,
+    window_need: float,
+    memory: _PoolMemory,
+    now: float,
+) -> tuple[dict[str, int], ScaleAction, str]:
+    capacity = _capacity(policy, current)
+    total = sum(current.values())
+    if total < policy.min_replicas or (need > capacity and total < policy.max_replicas):
+        desired = _grow(policy, current, need)
+        if sum(desired.values()) > total:
+            return desired, ScaleAction.UP, f"need {need:.0f} > capacity {capacity:.0f} tok/s"
+    if total > policy.max_replicas:
+        return _shrink(policy, current, math.inf), ScaleAction.DOWN, "above max_replicas"
+    cooling = memory.last_up_s is not None and now - memory.last_up_s < policy.scale_down_cooldown_s
+    if window_need < capacity * (1 - policy.down_tolerance) and not cooling:
+        desired = _shrink(policy, current, window_need)
+        if sum(desired.values()) < total:
+            why = f"peak need over {policy.scale_down_window_s:.0f} s {window_need:.0f} tok/s"
+            return desired, ScaleAction.DOWN, why
+    return dict(current), ScaleAction.HOLD, "within tolerance" if not cooling else "cooling down"
+
+
+def _capacity(policy: PoolPolicy, replicas: Mapping[str, int]) -> float:
+    total = 0.0
+    for gpu, n in replicas.items():
+        option = policy.option(gpu)
+        total += n * (option.tokens_per_s if option is not None else 0.0)
+    return total
+
+
+def _cheapest_for(policy: PoolPolicy, gap: float) -> GpuOption:
+    """The option that buys ``gap`` tokens/s for the least money per hour (whole replicas)."""
+
+    def cost(o: GpuOption) -> tuple[float, float, float]:
+        n = max(1, math.ceil(gap / o.tokens_per_s))
+        return n * o.price_per_hour_usd, o.usd_per_million_tokens, o.cold_start_s
+
+    return min(policy.options, key=cost)
+
+
+def _grow(policy: PoolPolicy, current: Mapping[str, int], need: float) -> dict[str, int]:
+    desired = dict(current)
+    while sum(desired.values()) < policy.max_replicas:
+        gap = need - _capacity(policy, desired)
+        if gap <= 0 and sum(desired.values()) >= policy.min_replicas:
+            break
+        option = _cheapest_for(policy, max(gap, 0.0))
+        desired[option.gpu] = desired.get(option.gpu, 0) + 1
+    return desired
+
+
+def _shrink(policy: PoolPolicy, current: Mapping[str, int], need: float) -> dict[str, int]:
+    """Drop the costliest-per-token replicas while capacity stays at ``need`` and bounds hold."""
+    desired = dict(current)
+
+    def per_token(gpu: str) -> float:
+        option = policy.option(gpu)
+        return math.inf if option is None else option.usd_per_million_tokens
+
+    for gpu in sorted(desired, key=per_token, reverse=True):
+        option = policy.option(gpu)
+        size = 0.0 if option is None else option.tokens_per_s
+        while desired[gpu] > 0 and sum(desired.values()) > policy.min_replicas:
+            over_max = sum(desired.values()) > policy.max_replicas
+            # Keep a tolerance band above the need: shrinking must not invite a scale-up.
+            left = _capacity(policy, desired) - size
+            if not over_max and left < need * (1 + policy.down_tolerance):
+                break
+            desired[gpu] -= 1
+    return {g: n for g, n in desired.items() if n > 0}
