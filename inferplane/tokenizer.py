@@ -92,6 +92,7 @@ _CHUNK_LETTERS = 5
 _VOCAB_SEED = 20_240_601
 _PIECE_RE = re.compile(r" ?[A-Za-z]+| ?[0-9]+|\s|[^\sA-Za-z0-9]")
 _NUM_TEXT_TOKENS = VOCAB_SIZE - FIRST_TEXT_TOKEN_ID
+_UNKNOWN_CACHE_SIZE = 100_000
 
 
 class TemplateError(ValueError):
@@ -145,27 +146,26 @@ class Tokenizer:
 
     # -- encoding ---------------------------------------------------------------------
 
-    def _piece_id(self, piece: str) -> int:
-        known = self._piece_to_id.get(piece)
-        if known is not None:
-            return known
+    def _unknown_id(self, piece: str) -> int:
         cached = self._unknown_cache.get(piece)
         if cached is None:
             cached = FIRST_TEXT_TOKEN_ID + _stable_hash(piece) % _NUM_TEXT_TOKENS
-            if len(self._unknown_cache) < 100_000:
+            if len(self._unknown_cache) < _UNKNOWN_CACHE_SIZE:
                 self._unknown_cache[piece] = cached
         return cached
 
     def _split(self, text: str) -> list[str]:
+        pieces: list[str] = _PIECE_RE.findall(text)
+        if not pieces or max(map(len, pieces)) <= _MAX_WORD_LETTERS + 1:
+            return pieces  # the common case: nothing to cut
+        step = _CHUNK_LETTERS
         out: list[str] = []
-        for piece in _PIECE_RE.findall(text):
+        for piece in pieces:
             letters = len(piece) - (piece[0] == " ")
             if letters > _MAX_WORD_LETTERS and piece[-1].isalpha():
-                first = len(piece) - letters + _CHUNK_LETTERS
+                first = len(piece) - letters + step
                 out.append(piece[:first])
-                out.extend(
-                    piece[i : i + _CHUNK_LETTERS] for i in range(first, len(piece), _CHUNK_LETTERS)
-                )
+                out.extend(piece[i : i + step] for i in range(first, len(piece), step))
             else:
                 out.append(piece)
         return out
@@ -175,12 +175,14 @@ class Tokenizer:
 
         ``add_special_tokens`` prepends ``<bos>`` (what vLLM does for a raw prompt).
         """
-        ids = [BOS_TOKEN_ID] if add_special_tokens else []
         pieces = self._split(text)
         if pieces and pieces[0][0].isalnum():
             pieces[0] = " " + pieces[0]
-        ids.extend(self._piece_id(p) for p in pieces)
-        return ids
+        known = self._piece_to_id.get
+        unknown = self._unknown_id
+        # known ids are >= FIRST_TEXT_TOKEN_ID, never 0, so `or` only falls through on None
+        ids = [known(p) or unknown(p) for p in pieces]
+        return [BOS_TOKEN_ID, *ids] if add_special_tokens else ids
 
     # -- decoding ---------------------------------------------------------------------
 

@@ -54,6 +54,7 @@ class RequestStream:
         "num_cached_tokens",
         "num_tokens",
         "request_id",
+        "sink",
     )
 
     def __init__(self, request_id: str, arrival_s: float) -> None:
@@ -65,6 +66,8 @@ class RequestStream:
         self.finished: RequestFinished | None = None
         self._pending: list[int] = []
         self._waiter: asyncio.Future[None] | None = None
+        #: when set, tokens go straight to it from the driver (no task wake-up per step)
+        self.sink: Callable[[Sequence[int]], None] | None = None
 
     def _wake(self) -> None:
         waiter = self._waiter
@@ -72,9 +75,19 @@ class RequestStream:
             waiter.set_result(None)
 
     def _push(self, token_ids: tuple[int, ...]) -> None:
-        self._pending.extend(token_ids)
         self.num_tokens += len(token_ids)
+        if self.sink is not None:
+            self.sink(token_ids)
+            return
+        self._pending.extend(token_ids)
         self._wake()
+
+    def attach(self, sink: Callable[[Sequence[int]], None]) -> None:
+        """Deliver tokens to ``sink`` synchronously from now on (pending ones first)."""
+        pending, self._pending = self._pending, []
+        if pending:
+            sink(pending)
+        self.sink = sink
 
     def _finish(self, event: RequestFinished) -> None:
         self.finished = event

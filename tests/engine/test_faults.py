@@ -42,17 +42,27 @@ def test_error_draws_follow_the_seeded_rate() -> None:
     assert 220 <= failures <= 380 and set(draws) == {None, 503}
 
 
+async def _read_until_cut(
+    session: aiohttp.ClientSession, url: str, body: dict[str, Any]
+) -> list[bytes]:
+    """The lines of a stream that must break: the client sees a payload error."""
+    chunks: list[bytes] = []
+    async with session.post(url + "/v1/completions", json=body) as resp:
+        assert resp.status == 200
+        with pytest.raises(aiohttp.ClientPayloadError):
+            async for line in resp.content:
+                chunks.append(line)
+    return chunks
+
+
 async def test_crash_cuts_streams_after_n_tokens_and_restarts_cold() -> None:
     spec = EngineSpec(time_scale=0.01, faults=FaultConfig(crash_after_tokens=5))
     with running_fleet(spec) as fleet:
         url, server = fleet.engines[0].url, fleet.engines[0].server
         async with aiohttp.ClientSession() as session:
-            async with session.post(url + "/v1/completions", json=STREAM_BODY) as resp:
-                assert resp.status == 200
-                with pytest.raises(aiohttp.ClientPayloadError):
-                    await resp.read()
-                received = resp.content.total_bytes
-            assert received > 0
+            chunks = await _read_until_cut(session, url, STREAM_BODY)
+            payloads, done = sse_payloads(b"".join(chunks))
+            assert not done and len(payloads) == 5, chunks
             assert fleet.call(lambda: server.faults.config.crash_after_tokens) is None
             assert fleet.call(lambda: server.model.state) is not EngineState.READY
             async with session.get(url + "/health") as health:
@@ -67,15 +77,11 @@ async def test_crash_cuts_streams_after_n_tokens_and_restarts_cold() -> None:
 async def test_crash_delivers_exactly_n_tokens_before_the_cut() -> None:
     spec = EngineSpec(time_scale=0.01, faults=FaultConfig(crash_after_tokens=7))
     with running_fleet(spec) as fleet:
-        chunks: list[bytes] = []
         async with aiohttp.ClientSession() as session:
             body = {**STREAM_BODY, "prompt": "another story"}
-            async with session.post(fleet.engines[0].url + "/v1/completions", json=body) as resp:
-                with pytest.raises(aiohttp.ClientPayloadError):
-                    async for line in resp.content:
-                        chunks.append(line)
+            chunks = await _read_until_cut(session, fleet.engines[0].url, body)
         payloads, done = sse_payloads(b"".join(chunks))
-        assert not done
+        assert not done, chunks
         assert len([p for p in payloads if p["choices"][0]["text"]]) == 7
 
 
