@@ -233,7 +233,7 @@ def main() -> None:
     parser.add_argument("--streams-per-engine", type=int, default=64)
     parser.add_argument("--duration-s", type=float, default=20.0)
     parser.add_argument("--warmup-model-s", type=float, default=2.0,
-                        help="warm-up before the window, in model seconds (x time scale)")  # fmt: skip
+                        help="warm-up before the window, model seconds (x time scale)")  # fmt: skip
     parser.add_argument("--scales", default="1,10")
     args = parser.parse_args()
     args.scales = [float(s) for s in args.scales.split(",")]

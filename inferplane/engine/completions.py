@@ -10,6 +10,7 @@ the decoded text; the request is then aborted in the model so its slot frees at 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Sequence
 
 import orjson
@@ -117,10 +118,9 @@ class Completion:
     async def stream(self, request: web.Request) -> web.StreamResponse:
         resp = web.StreamResponse(headers=SSE_HEADERS)
         await resp.prepare(request)
-        try:
+        # a client that went away: the handler's caller aborts the request in the model
+        with contextlib.suppress(ConnectionResetError):
             await self._pump(request, resp)
-        except ConnectionResetError:
-            pass  # the client went away; the handler aborts the request in the model
         return resp
 
     def _write_through(self, transport: asyncio.Transport) -> Callable[[Sequence[int]], None]:
