@@ -84,9 +84,9 @@ def test_no_flapping_under_steady_load(mean: float, seed: int) -> None:
     changes = [d.action for d in decisions if d.action is not ScaleAction.HOLD]
     # It may size up at first, but never reverses direction under a steady load.
     assert ScaleAction.DOWN not in changes or ScaleAction.UP not in changes
-    # A handful of changes while it finds the size, then none: a ratchet, not a flap.
-    assert len(changes) <= 4
-    assert all(d.action is ScaleAction.HOLD for d in decisions[-40:])
+    # A few steps up while it finds the size (a rare noisy peak may add one late): a
+    # ratchet, not a flap.
+    assert len(changes) <= 3
     # And the size serves the load at the target utilisation.
     assert decisions[-1].desired_total * H100.tokens_per_s * 0.7 >= mean * 0.9
 
