@@ -56,6 +56,8 @@ class Row:
     engine_cpu_pct: float
     requests_done: int
     probe_lag_pct: float  # idle timers in a third process: the machine's scheduling noise
+    tokens_per_cpu_s: float  # engine tokens per CPU-second of the engine process
+    load_avg_1m: float
 
 
 # -- load generator (child process) -------------------------------------------------------
@@ -200,6 +202,8 @@ async def run_scale(time_scale: float, args: argparse.Namespace) -> Row:
         engine_cpu_pct=100 * (cpu1 - cpu0) / window,
         requests_done=counts["done"],
         probe_lag_pct=probe_lag_pct,
+        tokens_per_cpu_s=(tok1 - tok0) / max(cpu1 - cpu0, 1e-9),
+        load_avg_1m=os.getloadavg()[0],
     )
 
 
@@ -207,7 +211,7 @@ def _print(rows: list[Row]) -> None:
     header = (
         f"{'scale':>5} {'engines':>7} {'streams':>7} {'streamed tok/s':>14} {'engine tok/s':>12} "
         f"{'lag % mean':>10} {'lag % max':>9} {'late ms mean':>12} {'late ms max':>11} "
-        f"{'cpu %':>6} {'done':>6} {'probe lag %':>11}"
+        f"{'cpu %':>6} {'tok/cpu-s':>9} {'done':>6} {'probe lag %':>11} {'load':>5}"
     )
     print(header)
     print("-" * len(header))
@@ -216,7 +220,8 @@ def _print(rows: list[Row]) -> None:
             f"{r.time_scale:>5g} {r.engines:>7} {r.streams:>7} {r.streamed_tok_s:>14,.0f} "
             f"{r.engine_tok_s:>12,.0f} {r.lag_pct_mean:>10.2f} {r.lag_pct_max:>9.2f} "
             f"{r.lateness_mean_ms:>12.2f} {r.lateness_max_ms:>11.1f} {r.engine_cpu_pct:>6.0f} "
-            f"{r.requests_done:>6} {r.probe_lag_pct:>11.2f}"
+            f"{r.tokens_per_cpu_s:>9,.0f} {r.requests_done:>6} {r.probe_lag_pct:>11.2f} "
+            f"{r.load_avg_1m:>5.1f}"
         )
 
 

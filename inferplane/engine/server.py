@@ -73,6 +73,7 @@ class EngineConfig:
     kv_replay_port: int | None = 0
     kv_encoding: KVEncoding = KVEncoding.ARRAY
     cold_start: bool = False
+    max_in_flight: int = 4096  # beyond this a new request gets 503 (the queue is bounded)
     faults: FaultConfig = field(default_factory=FaultConfig)
 
     @property
@@ -122,6 +123,7 @@ class EngineServer:
         self.faults = FaultInjector(config.faults, seed=config.seed)
         self.driver = EngineDriver(self.model, metrics=self.metrics, faults=self.faults)
         self.publisher: KVEventPublisher | None = None
+        self.max_in_flight = config.max_in_flight
         self.app = self._build_app()
         self._runner: web.AppRunner | None = None
         self.port = 0
@@ -221,6 +223,13 @@ class EngineServer:
                 self.driver.abort(request_id)
 
     def _check_ready(self) -> None:
+        if self.driver.num_in_flight >= self.max_in_flight:
+            raise ApiError(
+                503,
+                f"The engine has {self.driver.num_in_flight} requests in flight; retry later",
+                err_type="service_unavailable",
+                code="engine_overloaded",
+            )
         state = self.driver.state
         if state is not EngineState.READY:
             raise ApiError(

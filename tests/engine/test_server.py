@@ -145,6 +145,7 @@ BAD_INPUTS: list[tuple[str, Any, int, str | None]] = [
     ("/admin/faults", {"slowdown": "fast"}, 400, None),
     ("/admin/faults", {"explode": True}, 400, None),
     ("/v1/nothing", {}, 404, None),
+    (COMPLETIONS, b'{"prompt": "' + b"x" * (9 * 1024 * 1024) + b'"}', 413, None),
 ]
 
 
@@ -172,6 +173,25 @@ async def test_context_length_error_names_the_limit(fleet: FleetThread) -> None:
     status, body = await _post(url + COMPLETIONS, {"model": MODEL, "prompt": "y " * 9000})
     assert status == 400
     assert "maximum context length is 8192 tokens" in body["error"]["message"]
+
+
+async def test_in_flight_requests_are_bounded() -> None:
+    with running_fleet(EngineSpec(time_scale=1.0)) as fleet:
+        server = fleet.engines[0].server
+        fleet.call(lambda: setattr(server, "max_in_flight", 1))
+        body = {
+            "model": MODEL,
+            "prompt": "x",
+            "max_tokens": 500,
+            "ignore_eos": True,
+            "stream": True,
+        }
+        async with aiohttp.ClientSession() as session:
+            first = await session.post(fleet.engines[0].url + COMPLETIONS, json=body)
+            await first.content.readline()
+            status, error = await _post(fleet.engines[0].url + COMPLETIONS, body)
+            first.close()
+        assert status == 503 and error["error"]["code"] == "engine_overloaded"
 
 
 async def test_models_and_health(fleet: FleetThread) -> None:
