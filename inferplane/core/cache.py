@@ -112,10 +112,13 @@ class CacheEntry:
             return None
 
 
-def entry_matches(entry: CacheEntry, tenant: str, model: str, key: str, now: float) -> bool:
-    """The read-side check: same tenant, same model, same full key, not expired."""
-    same = entry.tenant == tenant and entry.model == model and entry.key == key
-    return same and now < entry.expires_s
+def entry_matches(entry: CacheEntry, tenant: str, model: str, key: str) -> bool:
+    """The read-side identity check: same tenant, same model, same full key.
+
+    Freshness is the store's business (the LRU store checks ``expires_s`` against its clock,
+    Redis expires keys itself), since replicas do not share a monotonic clock.
+    """
+    return entry.tenant == tenant and entry.model == model and entry.key == key
 
 
 def _cache_directives(cache_control: str | None) -> frozenset[str]:

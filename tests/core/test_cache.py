@@ -30,7 +30,9 @@ def chat(text: str = "hi", **extra: Any) -> dict[str, Any]:
     return {"model": "m", "messages": [{"role": "user", "content": text}], **extra}
 
 
-def entry(key: str = "k", tenant: str = "a", model: str = "m", expires_s: float = 10.0) -> CacheEntry:
+def entry(
+    key: str = "k", tenant: str = "a", model: str = "m", expires_s: float = 10.0
+) -> CacheEntry:
     return CacheEntry(key, tenant, model, PayloadKind.JSON, b"{}", 0.0, expires_s, 0.5, 2.0, 7)
 
 
@@ -106,10 +108,10 @@ def test_entry_check_refuses_other_tenant_even_under_a_forced_collision():
     key_b = exact_key("tenant-b", "m", CHAT, chat("secret", temperature=0), hasher=collide)
     assert key_a == key_b == "same"
     stored = entry(key_a, tenant="tenant-a")
-    assert entry_matches(stored, "tenant-a", "m", key_a, now=1.0)
-    assert not entry_matches(stored, "tenant-b", "m", key_b, now=1.0)
-    assert not entry_matches(stored, "tenant-a", "other-model", key_a, now=1.0)
-    assert not entry_matches(stored, "tenant-a", "m", key_a, now=10.0)  # expired
+    assert entry_matches(stored, "tenant-a", "m", key_a)
+    assert not entry_matches(stored, "tenant-b", "m", key_b)
+    assert not entry_matches(stored, "tenant-a", "other-model", key_a)
+    assert not entry_matches(stored, "tenant-a", "m", "other-key")
 
 
 def test_semantic_is_off_by_default_and_chat_only():
