@@ -7,8 +7,10 @@ accept work, context fits), so a comparison isolates the choice rule. Policies w
 per simulated run. No I/O, no clock; the RNG is the only source of chance.
 
 - ``inferplane``: ``inferplane.core.routing.route``, the live gateway's router, unchanged and
-  wired as the gateway wires it: one latency predictor for the run and a workflow affinity
-  table recording the endpoint of each workflow's last successful call.
+  wired as the gateway wires it: one latency predictor for the run, a workflow affinity
+  table recording the endpoint of each workflow's last successful call, and the prefix
+  index fed by the engines' KV events (:mod:`inferplane.sim.kvfeed`). ``fcfs`` and
+  ``priority-shed`` route the same way; they differ in admission (:mod:`inferplane.sim.gate`).
 - ``least-loaded``: the core's ``least_loaded`` baseline (fewest outstanding requests).
 - ``round-robin``, ``random``, ``power-of-two``: SGLang / vllm-router policies of those names
   (load for power-of-two: router-counted in-flight requests).
@@ -33,12 +35,17 @@ from inferplane.core.types import CallContext, EndpointView, RankedEndpoint, Rou
 
 POLICY_NAMES: tuple[str, ...] = (
     "inferplane",
+    "fcfs",
+    "priority-shed",
     "least-loaded",
     "round-robin",
     "random",
     "power-of-two",
     "cache-aware",
 )
+
+#: Policies routed by the core's pipeline over the KV-event-fed prefix index.
+CORE_ROUTED = frozenset({"inferplane", "fcfs", "priority-shed"})
 
 
 class Policy(Protocol):
@@ -74,15 +81,18 @@ def _none(call: CallContext) -> RouteDecision:
 class Inferplane:
     """The policy core's routing pipeline, with the state the gateway gives it."""
 
-    def __init__(self, workflow_ttl_s: float = 300.0) -> None:
-        self._predictor = LatencyPredictor()
+    def __init__(
+        self, workflow_ttl_s: float = 300.0, prefix_index: routing.PrefixMatcher | None = None
+    ) -> None:
+        self.predictor = LatencyPredictor()
+        self.prefix_index = prefix_index
         self._affinity = AffinityTable(ttl_s=workflow_ttl_s)
 
     def route(
         self, call: CallContext, endpoints: Sequence[EndpointView], now: float, rng: random.Random
     ) -> RouteDecision:
         return routing.route(
-            call, endpoints, now, rng, predictor=self._predictor,
+            call, endpoints, now, rng, predictor=self.predictor, prefix_index=self.prefix_index,
             affinity_endpoint=self._affinity.get(call.workflow_id, now),
         )  # fmt: skip
 
@@ -204,10 +214,15 @@ class CacheAware(_Stateless):
             tree.popitem(last=False)
 
 
-def make_policy(name: str) -> Policy:
-    """A fresh policy object (its memory starts empty) for one simulated run."""
+def make_policy(name: str, prefix_index: routing.PrefixMatcher | None = None) -> Policy:
+    """A fresh policy object (its memory starts empty) for one simulated run.
+
+    ``prefix_index`` is what the core's router matches prompts against (``inferplane``,
+    ``fcfs`` and ``priority-shed``; the others keep their own memory or none).
+    """
+    if name in CORE_ROUTED:
+        return Inferplane(prefix_index=prefix_index)
     factories: dict[str, type[Policy]] = {
-        "inferplane": Inferplane,
         "least-loaded": LeastLoaded,
         "round-robin": RoundRobin,
         "random": RandomPick,
@@ -221,4 +236,4 @@ def make_policy(name: str) -> Policy:
 
 def needs_block_keys(name: str) -> bool:
     """Whether the policy reads ``CallContext.prompt_block_keys`` (costly to compute)."""
-    return name == "cache-aware"
+    return name == "cache-aware" or name in CORE_ROUTED

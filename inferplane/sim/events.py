@@ -19,9 +19,10 @@ class EventKind(enum.IntEnum):
 
     FAULT = 0  # state changes first: a crash at t fails what is in flight at t
     ENGINE = 1  # engine steps that end at t, so finished work frees capacity first
-    TIMEOUT = 2  # client deadlines, after completions at the same instant
-    ARRIVAL = 3  # new calls see the fleet as it is after everything above
-    SAMPLE = 4  # observations last, after the instant has settled
+    POLL = 2  # the admission queue dispatches into capacity freed at this instant
+    TIMEOUT = 3  # client deadlines, after completions at the same instant
+    ARRIVAL = 4  # new calls see the fleet as it is after everything above
+    SAMPLE = 5  # observations last, after the instant has settled
 
 
 _KINDS = tuple(sorted(EventKind))

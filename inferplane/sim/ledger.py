@@ -13,21 +13,11 @@ from collections.abc import Sequence
 
 from inferplane.core.accounting import Accountant
 from inferplane.core.accounting_types import RequestRecord, TaskOutcome
-from inferplane.core.types import EndpointInfo, EndpointState
+from inferplane.core.types import CallContext, EndpointInfo, EndpointState
 from inferplane.sim.fleet import SimEndpoint
 from inferplane.sim.records import CallRecord, Outcome
 from inferplane.sim.sources import SourceInfo
 from inferplane.sim.workload import CallSpec
-
-
-def block_keys(tokens: tuple[int, ...], block_size: int = 16) -> tuple[int, ...]:
-    """Chained hashes of the full blocks of a prompt (what prefix-aware policies match on)."""
-    keys: list[int] = []
-    parent = 0
-    for i in range(0, len(tokens) - block_size + 1, block_size):
-        parent = hash((parent, tokens[i : i + block_size]))
-        keys.append(parent)
-    return tuple(keys)
 
 
 class Call:
@@ -39,11 +29,13 @@ class Call:
         "cached",
         "call_id",
         "completion",
+        "ctx",
         "endpoint",
         "engine_id",
         "first_token_s",
         "info",
         "keys",
+        "queue_s",
         "source",
         "spec",
         "started",
@@ -62,6 +54,8 @@ class Call:
         self.started = False  # some attempt reached an engine
         self.cached = self.completion = 0
         self.keys: tuple[int, ...] | None = None  # prompt block keys, when a policy needs them
+        self.ctx: CallContext | None = None  # what admission and routing saw, this attempt
+        self.queue_s = 0.0  # in the admission queue, all attempts
 
     @property
     def request_id(self) -> str:

@@ -7,6 +7,13 @@ only at its own ``next_event_time()``; client timeouts abort at the engine and m
 with jittered exponential back-off; faults change the fleet. Spend and cost per
 successful task come from the core's ``Accountant``, fed exactly as the gateway feeds it.
 
+Admission (:mod:`inferplane.sim.gate`) sits before routing exactly where the gateway puts
+it: ``admit`` on each attempt; a queued call is routed only when ``poll`` dispatches it (an
+engine freed capacity, or a queued call's expiry came due); a client that gives up while
+queued cancels; an admitted call's end is reported with ``on_finish``. A rejected client
+waits the answer's Retry-After when it honours it. The engines' KV events feed the core's
+prefix index (:mod:`inferplane.sim.kvfeed`) for the core-routed policies.
+
 Time to first token is the engine's first ``TokensGenerated`` of each request: with
 ``emit_tokens=False`` the engine model reports only that one (``EMIT_TOKENS`` turns every
 token event back on, for comparison; the runner keeps only the first either way).
@@ -14,12 +21,17 @@ token event back on, for comparison; the runner keeps only the first either way)
 
 from __future__ import annotations
 
+import dataclasses
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from inferplane.config import FleetConfig
-from inferplane.core.types import CallContext, EndpointState
+from inferplane.core.admission import Enqueue, Reject
+from inferplane.core.kv_events import KVEvent as CoreKVEvent
+from inferplane.core.prefix_index import block_keys
+from inferplane.core.queueing import ExitKind, QueueExit
+from inferplane.core.types import CallContext, EndpointState, EndpointView
 from inferplane.engine.types import (
     EngineEvent,
     EngineRequest,
@@ -29,11 +41,13 @@ from inferplane.engine.types import (
     StateChanged,
     TokensGenerated,
 )
-from inferplane.sim.baselines import make_policy, needs_block_keys
+from inferplane.sim.baselines import CORE_ROUTED, Inferplane, make_policy, needs_block_keys
 from inferplane.sim.events import EventKind, EventQueue
 from inferplane.sim.faults import ActionKind, FaultAction, expand
 from inferplane.sim.fleet import Fleet, SimEndpoint
-from inferplane.sim.ledger import Call, Ledger, block_keys
+from inferplane.sim.gate import make_gate
+from inferplane.sim.kvfeed import KV_EVENT_TYPES, KVFeed, to_core
+from inferplane.sim.ledger import Call, Ledger
 from inferplane.sim.records import Outcome, RunResult, Sample
 from inferplane.sim.scenario import Scenario
 from inferplane.sim.sources import build_sources
@@ -68,7 +82,16 @@ class Simulation:
         self.seed = scenario.seed if seed is None else seed
         scrape = scenario.scrape_interval_s or fleet_config.gateway.scrape_interval_s
         self.fleet = Fleet(fleet_config, self.seed, scrape)
-        self.policy = make_policy(policy)
+        self.kv: KVFeed | None = None
+        if policy in CORE_ROUTED:
+            self.kv = KVFeed(self.fleet.endpoints[0].engine.profile.block_size)
+            for ep in self.fleet.endpoints:
+                self.kv.add_endpoint(ep.name)
+        self.policy = make_policy(policy, None if self.kv is None else self.kv.index)
+        predictor = self.policy.predictor if isinstance(self.policy, Inferplane) else None
+        self.gate = make_gate(policy, scenario.admission, predictor or Inferplane().predictor)
+        self._queued: dict[str, Call] = {}
+        self._poll_at: float | None = None
         self._keys_needed = needs_block_keys(policy)
         self._route_rng = random.Random(f"{self.seed}/route")
         self._client_rng = random.Random(f"{self.seed}/clients")
@@ -114,6 +137,7 @@ class Simulation:
         return {
             EventKind.FAULT: self._on_fault,  # type: ignore[dict-item]
             EventKind.ENGINE: self._on_engine,  # type: ignore[dict-item]
+            EventKind.POLL: self._on_poll,  # type: ignore[dict-item]
             EventKind.TIMEOUT: self._on_timeout,  # type: ignore[dict-item]
             EventKind.ARRIVAL: self._on_arrival,  # type: ignore[dict-item]
             EventKind.SAMPLE: self._on_sample,
@@ -140,22 +164,44 @@ class Simulation:
         self._attempt(call, self.q.now_s)
 
     def _attempt(self, call: Call, now: float) -> None:
+        """One try of the call: admission first, then routing now or at dispatch."""
         call.attempt += 1
         call.first_token_s = None
+        call.engine_id = f"c{call.call_id}.{call.attempt}"
+        ctx = call.ctx = self._context(call, call.info.targets[0], now)
+        self.q.push(now + call.info.timeout_s, EventKind.TIMEOUT, (call, call.attempt))
         views = self.fleet.views(now)
+        decision = self.gate.admit(ctx, self._pool(views, ctx.model), now)
+        if isinstance(decision, Reject):
+            self._attempt_failed(call, now, Outcome.REJECTED, decision.code, decision.retry_after_s)
+        elif isinstance(decision, Enqueue):
+            self._queued[ctx.request_id] = call
+            self._exits(decision.evicted, now)
+            self._schedule_poll(None)
+        else:
+            self._dispatch(call, now, views)
+
+    @staticmethod
+    def _pool(views: Sequence[EndpointView], model: str) -> list[EndpointView]:
+        return [v for v in views if model in v.info.models]
+
+    def _dispatch(self, call: Call, now: float, views: list[EndpointView] | None) -> None:
+        """Route an admitted call on current state and submit it to that engine."""
+        ctx = call.ctx
+        assert ctx is not None
+        views = self.fleet.views(now) if views is None else views
         ranked: tuple[str, ...] = ()
         for target in call.info.targets:
-            ranked = self.policy.route(
-                self._context(call, target, now), views, now, self._route_rng
-            ).names()
+            c = ctx if target == ctx.model else dataclasses.replace(ctx, model=target)
+            ranked = self.policy.route(c, views, now, self._route_rng).names()
             if ranked:
                 break
         if not ranked:
+            self.gate.on_finish(ctx, now, 0, False)
             self._attempt_failed(call, now, Outcome.REJECTED, "no_endpoint")
             return
         ep = self.fleet.by_name[ranked[0]]
         self._handle(ep, ep.engine.advance(now, emit_tokens=EMIT_TOKENS))
-        call.engine_id = f"c{call.call_id}.{call.attempt}"
         spec = call.spec
         request = EngineRequest(
             call.engine_id,
@@ -167,22 +213,56 @@ class Simulation:
         try:
             ep.engine.submit(request, now)
         except ValueError:
+            self.gate.on_finish(ctx, now, 0, False)
             self._attempt_failed(call, now, Outcome.REJECTED, "cannot_fit")
             return
+        if self.kv is not None:
+            self.kv.routed(ep.name, ctx.prompt_block_keys, now)
         ep.in_flight += 1
         call.endpoint = ep
         self._by_engine_id[call.engine_id] = call
         self.ledger.start(call, ep.name, now)
         self._wake(ep, now)
-        self.q.push(now + call.info.timeout_s, EventKind.TIMEOUT, (call, call.attempt))
+
+    # -- the admission queue ----------------------------------------------------------------
+
+    def _schedule_poll(self, at_s: float | None) -> None:
+        """Poll the gate at ``at_s`` (None: at the next queued call's expiry)."""
+        if not self.gate.queued():
+            return
+        t = self.gate.next_expiry_s() if at_s is None else at_s
+        if t is not None and (self._poll_at is None or t < self._poll_at):
+            self._poll_at = t
+            self.q.push(t, EventKind.POLL, t)
+
+    def _on_poll(self, at_s: float) -> None:
+        if self._poll_at != at_s:
+            return  # superseded by an earlier poll, which rescheduled
+        self._poll_at = None
+        now = self.q.now_s
+        views = self.fleet.views(now)
+        self._exits(self.gate.poll(now, lambda model: self._pool(views, model)), now)
+        self._schedule_poll(None)
+
+    def _exits(self, exits: Sequence[QueueExit], now: float) -> None:
+        """Calls that left the admission queue: dispatch them, or tell their clients no."""
+        for out in exits:
+            call = self._queued.pop(out.item.call.request_id, None)
+            if call is None:
+                continue
+            call.queue_s += out.waited_s
+            if out.kind is ExitKind.DISPATCHED:
+                self._dispatch(call, now, None)
+            else:
+                self._attempt_failed(call, now, Outcome.REJECTED, f"queue_{out.kind.value}")
 
     def _context(self, call: Call, model: str, now: float) -> CallContext:
         spec, info = call.spec, call.info
         if self._keys_needed and call.keys is None:
-            call.keys = block_keys(spec.prompt_token_ids)
+            call.keys = tuple(block_keys(spec.prompt_token_ids))
         e2e = info.slo.e2e_s
         return CallContext(
-            request_id=f"c{call.call_id}",
+            request_id=call.engine_id,
             tenant=info.tenant,
             model=model,
             priority=info.priority,
@@ -218,9 +298,13 @@ class Simulation:
 
     def _handle(self, ep: SimEndpoint, events: list[EngineEvent]) -> None:
         by_id = self._by_engine_id
+        kv: list[CoreKVEvent | None] | None = [] if self.kv is not None else None
         for ev in events:
             kind = type(ev)
-            if kind is TokensGenerated:
+            if kind in KV_EVENT_TYPES:
+                if kv is not None:
+                    kv.append(to_core(ev))
+            elif kind is TokensGenerated:
                 call = by_id.get(ev.request_id)  # type: ignore[union-attr]
                 if call is not None and call.first_token_s is None:
                     call.first_token_s = ev.time_s
@@ -232,6 +316,8 @@ class Simulation:
                 self.ledger.accountant.on_endpoint_state(
                     ep.name, _ENGINE_TO_VIEW[ev.state], ev.time_s
                 )
+        if kv and self.kv is not None:
+            self.kv.apply(ep.name, [e for e in kv if e is not None], self.q.now_s)
 
     def _on_finished(self, ep: SimEndpoint, ev: RequestFinished) -> None:
         call = self._by_engine_id.pop(ev.request_id, None)
@@ -239,30 +325,49 @@ class Simulation:
             return  # an attempt the client already gave up on
         ep.in_flight -= 1
         call.cached, call.completion = ev.num_cached_tokens, ev.num_completion_tokens
-        if ev.reason in _SUCCESS:
+        ok = ev.reason in _SUCCESS
+        assert call.ctx is not None
+        self.gate.on_finish(
+            call.ctx, ev.time_s, ev.num_prompt_tokens + ev.num_completion_tokens, ok
+        )
+        self._schedule_poll(ev.time_s)
+        if ok:
             self._close(call, ev.time_s, Outcome.SUCCESS, "")
         else:
             self._attempt_failed(call, ev.time_s, Outcome.FAILED, f"engine_{ev.reason.value}")
 
     def _on_timeout(self, payload: tuple[Call, int]) -> None:
         call, attempt = payload
+        now = self.q.now_s
+        if call.attempt == attempt and self._queued.pop(call.engine_id, None) is not None:
+            out = self.gate.cancel(call.engine_id, now)  # gave up while queued
+            call.queue_s += out.waited_s if out is not None else 0.0
+            self._attempt_failed(call, now, Outcome.TIMEOUT, "timeout")
+            return
         if call.attempt != attempt or self._by_engine_id.pop(call.engine_id, None) is None:
             return  # that attempt already ended
-        ep, now = call.endpoint, self.q.now_s
-        assert ep is not None
+        ep = call.endpoint
+        assert ep is not None and call.ctx is not None
         ep.in_flight -= 1
+        self.gate.on_finish(call.ctx, now, 0, False)
+        self._schedule_poll(now)
         self._handle(ep, ep.engine.abort(call.engine_id, now))
         self._wake(ep, now)
         self._attempt_failed(call, now, Outcome.TIMEOUT, "timeout")
 
-    def _attempt_failed(self, call: Call, now: float, outcome: Outcome, reason: str) -> None:
+    def _attempt_failed(
+        self, call: Call, now: float, outcome: Outcome, reason: str, retry_after_s: int = 0
+    ) -> None:
         if outcome is Outcome.REJECTED:
             self.ledger.reject(reason)
         clients = self.scenario.clients
         retry = outcome is not Outcome.REJECTED or clients.retry_on_reject
         if retry and call.attempt <= clients.max_retries:
-            backoff = clients.backoff_s * 2 ** (call.attempt - 1)
-            backoff *= 0.5 + self._client_rng.random()
+            if retry_after_s > 0 and clients.honour_retry_after:
+                backoff = retry_after_s * (1.0 + 0.25 * self._client_rng.random())
+            else:
+                backoff = clients.backoff_s * 2 ** (call.attempt - 1)
+                backoff *= 0.5 + self._client_rng.random()
             if now + backoff <= self.end_s:
                 self.counters["retries"] += 1
                 self.q.push(now + backoff, EventKind.ARRIVAL, (call, -1))
@@ -319,6 +424,7 @@ class Simulation:
             waiting += stats.num_waiting
             running += stats.num_running
             kv.append(stats.kv_usage)
+        self._schedule_poll(now)  # a fresh scrape may show capacity the queue waits for
         spend = self.ledger.accountant.snapshot(now).fleet_spend_usd + self._extra_spend(now)
         self._samples.append(
             Sample(

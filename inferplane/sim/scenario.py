@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from inferplane.core.admission_config import AdmissionConfig
 from inferplane.core.types import PriorityClass
 
 _Z99 = 2.326  # standard normal quantile at 0.99
@@ -248,6 +249,8 @@ class Clients(_Frozen):
     max_retries: int = Field(default=1, ge=0, le=20)
     backoff_s: float = Field(default=1.0, ge=0)  # doubles per retry, jittered ±50%
     retry_on_reject: bool = True
+    #: A rejected client waits the answer's Retry-After (jittered up to +25%) when it has one.
+    honour_retry_after: bool = True
 
 
 class Demand(_Frozen):
@@ -273,6 +276,8 @@ class Scenario(_Frozen):
     demand: Demand = Demand()
     sample_interval_s: float | None = Field(default=None, gt=0)  # None: duration / 200
     scrape_interval_s: float | None = Field(default=None, gt=0)  # None: the fleet config's
+    #: The core's admission rule, for the ``inferplane`` policy (see inferplane.core.admission).
+    admission: AdmissionConfig = AdmissionConfig()
 
     @model_validator(mode="after")
     def _check(self) -> Scenario:
