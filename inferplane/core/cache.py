@@ -9,7 +9,9 @@ memory or Redis) and the simulator (which models hit rates):
 - *Key*: a strong hash (SHA-256 by default, injectable so tests can force collisions) of the
   tenant, the model and the canonical request: the body with sorted keys, fields that do not
   change the answer dropped. The tenant is part of the key AND stored in the entry and checked
-  on every read (:func:`entry_matches`), so even a colliding key never crosses tenants.
+  on every read (:func:`entry_matches`), so even a colliding key never crosses tenants. An
+  exact entry also keeps a second, independent fingerprint of the request (BLAKE2b), checked
+  on exact reads, so a key collision cannot even swap answers within one tenant.
 - *Semantic eligibility*: the last user turn of a short chat, without tool traffic, when the
   route turns it on. Its *context hash* covers everything but that turn (system prompt, model,
   sampling parameters), so a semantic match only ever swaps one paraphrased question.
@@ -82,6 +84,7 @@ class CacheEntry:
     cost_usd: float = 0.0
     gpu_seconds: float = 0.0
     completion_tokens: int = 0
+    fingerprint: str = ""  # independent digest of the request (exact reads check it)
 
     @property
     def num_bytes(self) -> int:
@@ -92,7 +95,7 @@ class CacheEntry:
         packed: bytes = msgpack.packb(
             [_ENTRY_VERSION, self.key, self.tenant, self.model, self.kind.value, self.payload,
              self.created_s, self.expires_s, self.cost_usd, self.gpu_seconds,
-             self.completion_tokens],
+             self.completion_tokens, self.fingerprint],
         )  # fmt: skip
         return packed
 
@@ -101,24 +104,28 @@ class CacheEntry:
         """The entry in ``raw``, or None when it is not one (corrupt, other version)."""
         try:
             f = msgpack.unpackb(raw)
-            if not isinstance(f, list) or len(f) != 11 or f[0] != _ENTRY_VERSION:
+            if not isinstance(f, list) or len(f) != 12 or f[0] != _ENTRY_VERSION:
                 return None
             return CacheEntry(
                 key=str(f[1]), tenant=str(f[2]), model=str(f[3]), kind=PayloadKind(f[4]),
                 payload=bytes(f[5]), created_s=float(f[6]), expires_s=float(f[7]),
                 cost_usd=float(f[8]), gpu_seconds=float(f[9]), completion_tokens=int(f[10]),
+                fingerprint=str(f[11]),
             )  # fmt: skip
         except (ValueError, TypeError, msgpack.UnpackException):
             return None
 
 
-def entry_matches(entry: CacheEntry, tenant: str, model: str, key: str) -> bool:
-    """The read-side identity check: same tenant, same model, same full key.
+def entry_matches(
+    entry: CacheEntry, tenant: str, model: str, key: str, fingerprint: str | None = None
+) -> bool:
+    """The read-side identity check: same tenant, model and key (and fingerprint, if given).
 
     Freshness is the store's business (the LRU store checks ``expires_s`` against its clock,
     Redis expires keys itself), since replicas do not share a monotonic clock.
     """
-    return entry.tenant == tenant and entry.model == model and entry.key == key
+    same = entry.tenant == tenant and entry.model == model and entry.key == key
+    return same and (fingerprint is None or entry.fingerprint == fingerprint)
 
 
 def _cache_directives(cache_control: str | None) -> frozenset[str]:
@@ -177,9 +184,15 @@ def exact_key(
     tenant: str, model: str, path: str, body: Mapping[str, Any], hasher: Hasher = sha256_hex
 ) -> str:
     """The exact-cache key of a request (tenant and model always part of it)."""
-    return hasher(
-        _framed(b"exact", tenant.encode(), model.encode(), path.encode(), canonical_body(body))
-    )
+    return exact_identity(tenant, model, path, body, hasher)[0]
+
+
+def exact_identity(
+    tenant: str, model: str, path: str, body: Mapping[str, Any], hasher: Hasher = sha256_hex
+) -> tuple[str, str]:
+    """(key, fingerprint) of a request: the key by ``hasher``, the fingerprint by BLAKE2b."""
+    framed = _framed(b"exact", tenant.encode(), model.encode(), path.encode(), canonical_body(body))
+    return hasher(framed), hashlib.blake2b(framed, digest_size=16).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,7 +34,7 @@ from inferplane.core.cache import (
     SemanticQuery,
     eligibility,
     entry_matches,
-    exact_key,
+    exact_identity,
     semantic_query,
     sha256_hex,
 )
@@ -55,6 +55,7 @@ class CacheLookup:
     status: CacheStatus
     reason: str = ""
     key: str | None = None
+    fingerprint: str = ""
     entry: CacheEntry | None = None
     similarity: float | None = None
     query: SemanticQuery | None = None
@@ -187,14 +188,15 @@ class ResponseCache:
         if not allowed.write:
             self.ledger.on_lookup(CacheStatus.BYPASS, allowed.reason)
             return CacheLookup(CacheStatus.BYPASS, allowed.reason)
-        key = exact_key(ctx.tenant, ctx.model, ctx.path, body, self._hasher)
+        key, fingerprint = exact_identity(ctx.tenant, ctx.model, ctx.path, body, self._hasher)
         found = CacheLookup(
             CacheStatus.MISS if allowed.read else CacheStatus.BYPASS,
-            allowed.reason, key, tenant=ctx.tenant, model=ctx.model, ttl_s=route.ttl_s,
+            allowed.reason, key, fingerprint, tenant=ctx.tenant, model=ctx.model,
+            ttl_s=route.ttl_s,
         )  # fmt: skip
         if allowed.read:
             entry = await self.backend.get(key)
-            if entry is not None and entry_matches(entry, ctx.tenant, ctx.model, key):
+            if entry is not None and entry_matches(entry, ctx.tenant, ctx.model, key, fingerprint):
                 found.status, found.entry = CacheStatus.HIT_EXACT, entry
                 return self._counted(found)
             if entry is not None:
@@ -279,7 +281,7 @@ class ResponseCache:
         now = self._clock()
         entry = CacheEntry(
             found.key, found.tenant, found.model, kind, payload, now, now + found.ttl_s,
-            cost_usd, gpu_seconds, completion_tokens,
+            cost_usd, gpu_seconds, completion_tokens, found.fingerprint,
         )  # fmt: skip
         if not await self.backend.put(entry):
             return False

@@ -15,6 +15,7 @@ from inferplane.core.cache import (
     canonical_body,
     eligibility,
     entry_matches,
+    exact_identity,
     exact_key,
     is_deterministic,
     semantic_query,
@@ -112,6 +113,14 @@ def test_entry_check_refuses_other_tenant_even_under_a_forced_collision():
     assert not entry_matches(stored, "tenant-b", "m", key_b)
     assert not entry_matches(stored, "tenant-a", "other-model", key_a)
     assert not entry_matches(stored, "tenant-a", "m", "other-key")
+    # within a tenant, the independent fingerprint refuses a colliding different request
+    _, print_a = exact_identity("tenant-a", "m", CHAT, chat("secret", temperature=0), collide)
+    _, print_b = exact_identity("tenant-a", "m", CHAT, chat("other", temperature=0), collide)
+    fingerprinted = CacheEntry(
+        key_a, "tenant-a", "m", PayloadKind.JSON, b"{}", 0, 9, fingerprint=print_a
+    )
+    assert entry_matches(fingerprinted, "tenant-a", "m", key_a, print_a)
+    assert not entry_matches(fingerprinted, "tenant-a", "m", key_a, print_b)
 
 
 def test_semantic_is_off_by_default_and_chat_only():
