@@ -1,0 +1,411 @@
+"""The autoscaler's live body: sense the gateway, run the core loop, act on a fleet.
+
+Every ``tick_s`` the controller builds one ``PoolSignal`` per pool from what the gateway
+already knows (token and request counters in its Prometheus registry, endpoint states and
+scraped queues from the tracker), asks the pure :class:`~inferplane.core.autoscaler.Autoscaler`
+for decisions, and hands them to its actuators:
+
+* :class:`DesiredReplicasGauge` (external): publishes ``inferplane_desired_replicas{pool}`` and
+  ``inferplane_desired_replicas_by_gpu{pool,gpu}`` for KEDA or an HPA to act on;
+* :class:`EmbeddedFleet`: starts and drains emulated engines in this process, with real cold
+  starts (an engine started cold loads its weights before it answers ``/health``). Its engines
+  are *slots*: endpoints of the gateway config with fixed ports, running or stopped; a drained
+  slot is marked DRAINING in the tracker, left to finish its calls, then stopped.
+
+Wiring: ``setup_autoscaling(app, gateway, config, fleet=None)`` adds the loop to the app's
+start and cleanup and ``GET /v1/autoscale`` (the last decisions with their reasons).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Gauge
+from pydantic import BaseModel, ConfigDict, Field
+
+from inferplane.core.autoscaler import (
+    Autoscaler,
+    AutoscalerState,
+    PoolPolicy,
+    PoolSignal,
+    ScaleDecision,
+)
+from inferplane.core.types import EndpointState, EndpointView
+from inferplane.engine.server import EngineConfig, EngineServer
+from inferplane.engine.sizing import gpu_option
+
+if TYPE_CHECKING:
+    from inferplane.gateway.app import Gateway
+
+log = logging.getLogger("inferplane.gateway.autoscale")
+
+#: Where ``setup_autoscaling`` leaves its controller once the app has started.
+CONTROLLER_KEY = web.AppKey("inferplane_autoscale", dict)
+
+__all__ = [
+    "AutoscaleConfig",
+    "AutoscaleController",
+    "DesiredReplicasGauge",
+    "EmbeddedFleet",
+    "PoolScaleConfig",
+    "Slot",
+    "setup_autoscaling",
+]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class PoolScaleConfig(_Frozen):
+    """One pool (a served model) and how it may be sized."""
+
+    model: str = Field(min_length=1)
+    gpus: tuple[str, ...] = Field(min_length=1)  # GPU types it may run on
+    min_replicas: int = Field(default=1, ge=0)
+    max_replicas: int = Field(default=8, ge=0)
+    target_utilisation: float = Field(default=0.7, gt=0, le=1)
+    scale_down_window_s: float = Field(default=300.0, ge=0)
+    scale_down_cooldown_s: float = Field(default=120.0, ge=0)
+
+
+class AutoscaleConfig(_Frozen):
+    """The ``autoscale`` section: off by default."""
+
+    enabled: bool = False
+    tick_s: float = Field(default=15.0, gt=0)
+    time_scale: float = Field(default=1.0, gt=0)  # the emulated engines' (sizing): slow-down
+    pools: tuple[PoolScaleConfig, ...] = ()
+
+    def policies(self) -> list[PoolPolicy]:
+        return [
+            PoolPolicy(
+                pool=p.model,
+                options=tuple(gpu_option(p.model, g, time_scale=self.time_scale) for g in p.gpus),
+                min_replicas=p.min_replicas,
+                max_replicas=p.max_replicas,
+                target_utilisation=p.target_utilisation,
+                scale_down_window_s=p.scale_down_window_s,
+                scale_down_cooldown_s=p.scale_down_cooldown_s,
+                tick_s=self.tick_s,
+            )
+            for p in self.pools
+        ]
+
+
+class DesiredReplicasGauge:
+    """The external actuator: desired replicas as metrics (KEDA's prometheus scaler reads them)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.total = Gauge(
+            "inferplane_desired_replicas", "Replicas the autoscaler wants per pool.", ("pool",),
+            registry=registry,
+        )  # fmt: skip
+        self.by_gpu = Gauge(
+            "inferplane_desired_replicas_by_gpu", "Desired replicas per pool and GPU type.",
+            ("pool", "gpu"), registry=registry,
+        )  # fmt: skip
+
+    async def apply(self, decision: ScaleDecision) -> None:
+        self.total.labels(decision.pool).set(decision.desired_total)
+        for gpu in {*decision.desired, *decision.current}:
+            self.by_gpu.labels(decision.pool, gpu).set(decision.desired.get(gpu, 0))
+
+
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """One engine the embedded fleet may run: a gateway endpoint with a fixed port."""
+
+    name: str
+    pool: str
+    gpu: str
+    config: EngineConfig
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class EmbeddedFleet:
+    """Starts (cold) and drains emulated engines to match decisions."""
+
+    def __init__(
+        self,
+        slots: Sequence[Slot],
+        set_state: Callable[[str, EndpointState], None],
+        in_flight: Callable[[str], int],
+        drain_timeout_s: float = 60.0,
+    ) -> None:
+        self.slots = {s.name: s for s in slots}
+        self.servers: dict[str, EngineServer] = {}
+        self.draining: set[str] = set()
+        self._set_state = set_state
+        self._in_flight = in_flight
+        self._drain_timeout_s = drain_timeout_s
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @staticmethod
+    def plan(pool: str, gpu: str, count: int, time_scale: float, prefix: str) -> list[Slot]:
+        """``count`` slots on free loopback ports (cold starts on)."""
+        return [
+            Slot(
+                f"{prefix}-{i}",
+                pool,
+                gpu,
+                EngineConfig(
+                    model=pool,
+                    gpu=gpu,
+                    time_scale=time_scale,
+                    port=free_port(),
+                    cold_start=True,
+                    seed=i,
+                ),
+            )
+            for i in range(count)
+        ]
+
+    def endpoint_config(self, slot: Slot) -> dict[str, Any]:
+        """A slot in the shape of the gateway's endpoint config."""
+        server = EngineServer(slot.config) if slot.name not in self.servers else None
+        profile = (server or self.servers[slot.name]).model.profile
+        return {
+            "name": slot.name,
+            "url": f"http://{slot.config.host}:{slot.config.port}",
+            "kind": "vllm",
+            "models": [slot.config.model_name],
+            "gpu": slot.gpu,
+            "tensor_parallel": profile.tensor_parallel,
+            "price_per_hour_usd": profile.price_per_hour_usd,
+        }
+
+    def running(self, pool: str, gpu: str) -> list[str]:
+        return [
+            n for n, s in self.slots.items()
+            if s.pool == pool and s.gpu == gpu and n in self.servers and n not in self.draining
+        ]  # fmt: skip
+
+    async def start_slot(self, name: str, *, cold: bool = True) -> None:
+        slot = self.slots[name]
+        server = EngineServer(replace(slot.config, cold_start=cold))
+        await server.start()
+        self.servers[name] = server
+
+    async def apply(self, decision: ScaleDecision) -> None:
+        for gpu in {*decision.desired, *decision.current}:
+            have = self.running(decision.pool, gpu)
+            want = decision.desired.get(gpu, 0)
+            if want > len(have):
+                idle = [
+                    n for n, s in self.slots.items()
+                    if s.pool == decision.pool and s.gpu == gpu and n not in self.servers
+                ]  # fmt: skip
+                for name in idle[: want - len(have)]:
+                    log.info("scale up", extra={"endpoint": name, "pool": decision.pool})
+                    await self.start_slot(name)
+            for name in reversed(have[want:] if want < len(have) else []):
+                self.draining.add(name)
+                task = asyncio.create_task(self._drain(name))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+
+    async def _drain(self, name: str) -> None:
+        log.info("drain", extra={"endpoint": name})
+        self._set_state(name, EndpointState.DRAINING)
+        waited = 0.0
+        while self._in_flight(name) > 0 and waited < self._drain_timeout_s:
+            await asyncio.sleep(0.05)
+            waited += 0.05
+        server = self.servers.pop(name, None)
+        if server is not None:
+            await server.stop()
+        self.draining.discard(name)
+        self._set_state(name, EndpointState.COLD)
+
+    async def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        servers, self.servers = self.servers, {}
+        await asyncio.gather(*(s.stop() for s in servers.values()), return_exceptions=True)
+
+
+def _pool_counts(registry: CollectorRegistry) -> dict[str, tuple[float, float, float]]:
+    """Per model: tokens served (prompt + completion), calls that succeeded, calls finished."""
+    out: dict[str, list[float]] = {}
+    for metric in registry.collect():
+        if metric.name not in ("inferplane_tokens", "inferplane_requests"):
+            continue
+        for sample in metric.samples:
+            if not sample.name.endswith("_total"):
+                continue
+            row = out.setdefault(sample.labels.get("model", ""), [0.0, 0.0, 0.0])
+            if metric.name == "inferplane_tokens":
+                if sample.labels.get("kind") in ("prompt", "completion"):
+                    row[0] += sample.value
+            else:
+                row[2] += sample.value
+                row[1] += sample.value if sample.labels.get("status") == "200" else 0.0
+    return {m: (r[0], r[1], r[2]) for m, r in out.items()}
+
+
+class AutoscaleController:
+    """Sense, decide, act, every tick; keeps the last decisions for ``/v1/autoscale``."""
+
+    def __init__(
+        self,
+        config: AutoscaleConfig,
+        registry: CollectorRegistry,
+        views: Callable[[float], list[EndpointView]],
+        actuators: Sequence[Any],
+        fleet: EmbeddedFleet | None = None,
+    ) -> None:
+        self.config = config
+        self.fleet = fleet
+        self.autoscaler = Autoscaler(config.policies())
+        self.state = AutoscalerState()
+        self.decisions: list[ScaleDecision] = []
+        self._registry = registry
+        self._views = views
+        self._actuators = list(actuators)
+        self._last: dict[str, tuple[float, float, float]] = {}  # pool -> (tokens, ok, all)
+        self._last_s: float | None = None
+
+    def sense(self, now: float) -> list[PoolSignal]:
+        window_s = self.config.tick_s if self._last_s is None else max(1e-3, now - self._last_s)
+        self._last_s = now
+        views = self._views(now)
+        out = []
+        counts = _pool_counts(self._registry)
+        for pool in self.autoscaler.policies:
+            tokens, ok, total = counts.get(pool, (0.0, 0.0, 0.0))
+            prev = self._last.get(pool, (tokens, ok, total))
+            self._last[pool] = (tokens, ok, total)
+            done = total - prev[2]
+            serving: dict[str, int] = {}
+            starting: dict[str, int] = {}
+            waiting = 0
+            for v in views:
+                if not v.serves(pool):
+                    continue
+                waiting += v.load.num_waiting
+                if v.state is EndpointState.READY:
+                    serving[v.info.gpu] = serving.get(v.info.gpu, 0) + 1
+                elif v.state is EndpointState.WARMING:
+                    starting[v.info.gpu] = starting.get(v.info.gpu, 0) + 1
+            out.append(
+                PoolSignal(
+                    pool=pool,
+                    now_s=now,
+                    window_s=window_s,
+                    tokens=tokens - prev[0],
+                    requests=int(done),
+                    backlog_tokens=1000.0 * waiting,
+                    slo_attainment=None if done <= 0 else min(1.0, (ok - prev[1]) / done),
+                    serving=serving,
+                    starting=starting,
+                )
+            )
+        return out
+
+    async def tick(self, now: float) -> None:
+        signals = self.sense(now)
+        starting = _starting(self.fleet, self._views(now))
+        if starting:
+            signals = [
+                replace(s, starting={**s.starting, **starting.get(s.pool, {})}) for s in signals
+            ]
+        self.decisions, self.state = self.autoscaler.decide(signals, self.state)
+        for decision in self.decisions:
+            for actuator in self._actuators:
+                await actuator.apply(decision)
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "pool": d.pool,
+                "action": d.action.value,
+                "desired": dict(d.desired),
+                "current": dict(d.current),
+                "demand_tokens_per_s": round(d.demand_tokens_per_s, 1),
+                "need_tokens_per_s": round(d.need_tokens_per_s, 1),
+                "reason": d.reason,
+            }
+            for d in self.decisions
+        ]
+
+
+def _starting(fleet: EmbeddedFleet | None, views: list[EndpointView]) -> dict[str, dict[str, int]]:
+    """Engines the embedded fleet started that do not serve yet (cold or loading)."""
+    out: dict[str, dict[str, int]] = {}
+    if fleet is None:
+        return out
+    states = {v.name: v.state for v in views}
+    for name in fleet.servers:
+        slot = fleet.slots[name]
+        if name not in fleet.draining and states.get(name) is not EndpointState.READY:
+            pool = out.setdefault(slot.pool, {})
+            pool[slot.gpu] = pool.get(slot.gpu, 0) + 1
+    return out
+
+
+def setup_autoscaling(
+    app: web.Application,
+    gateway: Gateway,
+    config: AutoscaleConfig,
+    fleet: EmbeddedFleet | None = None,
+) -> None:
+    """Run the loop with the gateway (when enabled) and serve ``GET /v1/autoscale``.
+
+    Once the app has started, ``app[CONTROLLER_KEY]["ctl"]`` is the controller.
+    """
+    if not config.enabled:
+        return
+    holder: dict[str, AutoscaleController] = {}
+    app[CONTROLLER_KEY] = holder
+    tasks: list[asyncio.Task[None]] = []
+
+    async def loop() -> None:
+        ctl = holder["ctl"]
+        while True:
+            now = gateway.clock()
+            with contextlib.suppress(Exception):
+                await ctl.tick(now)
+            await asyncio.sleep(config.tick_s)
+
+    async def on_startup(app: web.Application) -> None:
+        registry = gateway.recorder.metrics.registry
+        actuators: list[Any] = [DesiredReplicasGauge(registry)]
+        if fleet is not None:
+            actuators.append(fleet)
+        holder["ctl"] = AutoscaleController(
+            config, registry, lambda now: gateway.tracker.views(now), actuators, fleet
+        )
+        tasks.append(asyncio.create_task(loop()))
+
+    async def on_cleanup(app: web.Application) -> None:
+        for task in tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if fleet is not None:
+            await fleet.stop()
+
+    async def handler(request: web.Request) -> web.Response:
+        ctl = holder.get("ctl")
+        body = {"decisions": [] if ctl is None else ctl.snapshot()}
+        return web.Response(body=orjson.dumps(body), content_type="application/json")
+
+    app.on_startup.append(on_startup)
+    app.on_cleanup.append(on_cleanup)
+    app.router.add_get("/v1/autoscale", handler)
