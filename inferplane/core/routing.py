@@ -34,7 +34,15 @@ from typing import Protocol
 from inferplane.core.filters import apply_filters, prefer_warm
 from inferplane.core.predictor import LatencyEstimate, LatencyPredictor
 from inferplane.core.routing_config import RoutingConfig
-from inferplane.core.scorers import ScoringContext, budget_use, load_of, score_all
+from inferplane.core.scorers import (
+    PoolStats,
+    ScoringContext,
+    active_axes,
+    budget_use,
+    explain,
+    load_of,
+    score_totals,
+)
 from inferplane.core.types import (
     AxisScore,
     CallContext,
@@ -54,6 +62,7 @@ __all__ = [
 ]
 
 _DEFAULT_CONFIG = RoutingConfig()
+_PREDICTORS: dict[int, LatencyPredictor] = {}
 _MAX_LISTED_REFUSALS = 4
 
 
@@ -82,42 +91,72 @@ def route(
 ) -> RouteDecision:
     """Rank the endpoints that can take ``call``, best first, with per-axis reasons.
 
-    Without a predictor a fresh one (priors only, uncalibrated) is used; without a prefix
-    index the KV-cache axis is neutral. ``exclude`` names endpoints already tried.
+    Without a predictor a shared one with priors only (uncalibrated) is used; without a
+    prefix index the KV-cache axis is neutral. ``exclude`` names endpoints already tried.
+    Every ranked endpoint carries its total score and predicted TTFT; the first
+    ``cfg.explain_top`` also carry their per-axis scores with reasons (formatting them for
+    every candidate on every call would cost more than the decision itself).
     """
     cfg = config or _DEFAULT_CONFIG
-    pred = predictor or LatencyPredictor(cfg.predictor)
+    pred = predictor or _shared_predictor(cfg)
     candidates, refused = apply_filters(call, endpoints, exclude)
     if not candidates:
         why = _refusals(refused)
         return RouteDecision((), f"no endpoint can serve model {call.model!r}{why}")
     cached, has_prefix = _cached_tokens(call, candidates, cfg, prefix_index, affinity_endpoint)
     estimates: dict[str, LatencyEstimate] = {}
+    uses: dict[str, float | None] = {}
     meets: dict[str, bool] = {}
+    num_prompt, model = call.num_prompt_tokens, call.model
     for view in candidates:
-        uncached = call.num_prompt_tokens - cached[view.name]
-        estimates[view.name] = pred.predict(view, call.model, uncached, now)
-        use = budget_use(call, estimates[view.name], now, cfg)
-        meets[view.name] = use is None or use <= 1.0
+        name = view.info.name
+        estimate = pred.predict(view, model, num_prompt - cached[name], now)
+        estimates[name] = estimate
+        use = uses[name] = budget_use(call, estimate, now, cfg)
+        meets[name] = use is None or use <= 1.0
     candidates, dropped = prefer_warm(call, candidates, meets)
-    names = {v.name for v in candidates}
+    if dropped:
+        kept = {v.info.name for v in candidates}
+        estimates = {n: e for n, e in estimates.items() if n in kept}
     ctx = ScoringContext(
         call=call,
         now=now,
         cfg=cfg,
-        estimates={n: e for n, e in estimates.items() if n in names},
+        estimates=estimates,
         cached_tokens=cached,
-        saved_s={v.name: pred.prefill_s(v, call.model, cached[v.name], now) for v in candidates},
-        usd_per_token={v.name: _usd_per_token(v, call.model, pred, now) for v in candidates},
+        saved_s={v.name: pred.prefill_s(v, model, cached[v.name], now) for v in candidates},
+        usd_per_token={v.name: _usd_per_token(v, model, pred, now) for v in candidates},
         affinity_endpoint=affinity_endpoint,
         has_prefix_data=has_prefix,
+        budget_uses=uses,
     )
-    scored = score_all(ctx, candidates, cfg.weights_for(call.model).as_dict())
-    order = _pick(scored, rng, cfg.softmax_temperature)
+    pool = PoolStats.of(ctx, candidates)
+    active = active_axes(cfg.weights_for(model))
+    totals = score_totals(ctx, pool, candidates, active)
+    order = _pick(totals, rng, cfg.softmax_temperature)
+    by_name = {v.info.name: v for v in candidates}
     ranked = tuple(
-        RankedEndpoint(n, scored[n][0], scored[n][1], estimates[n].ttft_s, meets[n]) for n in order
+        RankedEndpoint(
+            n,
+            totals[n],
+            explain(ctx, pool, by_name[n], active) if i < cfg.explain_top else (),
+            estimates[n].ttft_s,
+            meets[n],
+        )
+        for i, n in enumerate(order)
     )
     return RouteDecision(ranked, _reason(ranked[0], refused + dropped, cfg.softmax_temperature))
+
+
+def _shared_predictor(cfg: RoutingConfig) -> LatencyPredictor:
+    """A priors-only predictor per predictor config, reused (``predict`` keeps no state
+    beyond a memo of resolved priors)."""
+    found = _PREDICTORS.get(id(cfg.predictor))
+    if found is None or found.config is not cfg.predictor:
+        if len(_PREDICTORS) >= 64:
+            _PREDICTORS.clear()
+        found = _PREDICTORS[id(cfg.predictor)] = LatencyPredictor(cfg.predictor)
+    return found
 
 
 def _cached_tokens(
@@ -149,18 +188,22 @@ def _tie_key(salt: bytes, name: str) -> bytes:
     return hashlib.blake2b(name.encode("utf-8"), digest_size=8, key=salt).digest()
 
 
-def _pick(
-    scored: Mapping[str, tuple[float, tuple[AxisScore, ...]]],
-    rng: random.Random,
-    temperature: float,
-) -> list[str]:
-    """Names best first; equal scores in a seeded order that ignores the input order."""
+def _pick(scores: Mapping[str, float], rng: random.Random, temperature: float) -> list[str]:
+    """Names best first; equal scores in a seeded order that ignores the input order.
+
+    The tie key (a keyed hash of the name) is only computed when scores actually tie; the
+    RNG is drawn from the same way either way, so decisions do not depend on it.
+    """
     salt = rng.getrandbits(64).to_bytes(8, "big")
-    order = sorted(scored, key=lambda n: (-round(scored[n][0], 9), _tie_key(salt, n)))
+    rounded = {n: round(s, 9) for n, s in scores.items()}
+    if len(set(rounded.values())) == len(rounded):
+        order = sorted(rounded, key=rounded.__getitem__, reverse=True)
+    else:
+        order = sorted(rounded, key=lambda n: (-rounded[n], _tie_key(salt, n)))
     if temperature <= 0 or len(order) < 2:
         return order
-    top = scored[order[0]][0]
-    weights = [math.exp((scored[n][0] - top) / temperature) for n in order]
+    top = scores[order[0]]
+    weights = [math.exp((scores[n] - top) / temperature) for n in order]
     cumulative = list(itertools.accumulate(weights))
     index = min(bisect.bisect_right(cumulative, rng.random() * cumulative[-1]), len(order) - 1)
     return [order[index], *order[:index], *order[index + 1 :]]

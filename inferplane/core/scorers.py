@@ -1,4 +1,4 @@
-"""Routing scorers: one opinion in [0, 1] per axis per endpoint, each with its reason.
+"""Routing scorers: one opinion in [0, 1] per axis per endpoint, and the reason for it.
 
 The seven axes of the design plus queue load (llm-d's queue scorer):
 
@@ -20,16 +20,22 @@ Affinity without hot spots: an endpoint keeps its prefix and workflow bonus only
 predicted extra wait, over the least-waiting candidate, is at most
 ``affinity_penalty_ratio`` times the prefill time its cache saves (both from the
 predictor). Pool-wide figures (least wait, cheapest token, load range) are computed once
-in :class:`ScoringContext`, so every scorer is a pure function of (context, endpoint).
+in :class:`PoolStats`, so every scorer is a pure function of (context, pool, endpoint).
+
+Scores and reasons are split, because routing runs on every call and only the few
+endpoints it ranks first are ever explained: each :class:`Axis` has a number function
+(the hot path, no strings, no allocation) and an explanation function that formats the
+same figures on demand. :func:`score_totals` is the hot path; :func:`explain` and the
+``score_<axis>`` callables (an :class:`AxisScore` with its reason) build the words.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from inferplane.core.predictor import LatencyEstimate
-from inferplane.core.routing_config import RoutingConfig
+from inferplane.core.routing_config import RoutingConfig, ScorerWeights
 from inferplane.core.types import (
     AxisScore,
     CallContext,
@@ -48,14 +54,14 @@ def budget_use(
     call: CallContext, estimate: LatencyEstimate, now: float, cfg: RoutingConfig
 ) -> float | None:
     """Share of the call's latency budget the prediction uses (> 1: misses); None: no budget."""
-    uses: list[float] = []
+    use: float | None = None
     if call.ttft_budget_s is not None:
-        left_s = call.ttft_budget_s - max(0.0, now - call.arrival_s)
-        uses.append(_ratio(estimate.ttft_s, left_s))
+        use = _ratio(estimate.ttft_s, call.ttft_budget_s - max(0.0, now - call.arrival_s))
     if call.deadline_s is not None:
         num_out = min(call.max_tokens, cfg.max_output_tokens_estimate)
-        uses.append(_ratio(estimate.e2e_s(num_out), call.deadline_s - now))
-    return max(uses) if uses else None
+        e2e = _ratio(estimate.e2e_s(num_out), call.deadline_s - now)
+        use = e2e if use is None else max(use, e2e)
+    return use
 
 
 def _ratio(need_s: float, left_s: float) -> float:
@@ -84,19 +90,22 @@ class ScoringContext:
     usd_per_token: Mapping[str, float]
     affinity_endpoint: str | None = None
     has_prefix_data: bool = False
+    #: ``budget_use`` per endpoint when the caller already computed it (else recomputed).
+    budget_uses: Mapping[str, float | None] = field(default_factory=dict)
 
-    @staticmethod
-    def _min(values: Sequence[float]) -> float:
-        return min(values) if values else 0.0
+    def budget_use(self, name: str) -> float | None:
+        if name in self.budget_uses:
+            return self.budget_uses[name]
+        return budget_use(self.call, self.estimates[name], self.now, self.cfg)
 
     def min_wait_s(self) -> float:
-        return self._min([e.wait_s for e in self.estimates.values()])
+        return min((e.wait_s for e in self.estimates.values()), default=0.0)
 
     def min_ttft_s(self) -> float:
-        return self._min([e.ttft_s for e in self.estimates.values()])
+        return min((e.ttft_s for e in self.estimates.values()), default=0.0)
 
     def min_usd_per_token(self) -> float:
-        return self._min(list(self.usd_per_token.values()))
+        return min(self.usd_per_token.values(), default=0.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +126,14 @@ class PoolStats:
         )
 
 
+def _keeps(ctx: ScoringContext, pool: PoolStats, name: str) -> bool:
+    estimate = ctx.estimates.get(name)
+    if estimate is None:
+        return False
+    limit_s = ctx.cfg.affinity_penalty_ratio * ctx.saved_s.get(name, 0.0)
+    return estimate.wait_s - pool.min_wait_s <= limit_s
+
+
 def keeps_affinity(ctx: ScoringContext, pool: PoolStats, name: str) -> tuple[bool, str]:
     """The hot-spot rule: extra wait there must not exceed ratio x the prefill it saves."""
     estimate = ctx.estimates.get(name)
@@ -124,102 +141,254 @@ def keeps_affinity(ctx: ScoringContext, pool: PoolStats, name: str) -> tuple[boo
         return False, "no prediction"
     penalty_s = estimate.wait_s - pool.min_wait_s
     saved_s = ctx.saved_s.get(name, 0.0)
-    limit_s = ctx.cfg.affinity_penalty_ratio * saved_s
-    if penalty_s <= limit_s:
+    if _keeps(ctx, pool, name):
         return True, f"wait +{penalty_s:.3f}s <= saves {saved_s:.3f}s"
     return False, f"hot: wait +{penalty_s:.3f}s > saves {saved_s:.3f}s"
 
 
+#: A number function: scores of the endpoints (same order), unclamped. One call per axis
+#: per route, looping inside, because a Python call per (axis, endpoint) costs more than
+#: the arithmetic.
+Numbers = Callable[[ScoringContext, PoolStats, Sequence[EndpointView]], list[float]]
+#: An explanation function: the same figures as words.
+Words = Callable[[ScoringContext, PoolStats, EndpointView], str]
+#: A scorer as tests and tools call it: the score with its reason.
 Scorer = Callable[[ScoringContext, PoolStats, EndpointView], AxisScore]
 
 
-def score_kv_cache(ctx: ScoringContext, pool: PoolStats, view: EndpointView) -> AxisScore:
+def _clamp(score: float) -> float:
+    if 0.0 <= score <= 1.0:
+        return score
+    return 0.0 if score != score else min(1.0, max(0.0, score))  # NaN -> 0
+
+
+@dataclass(frozen=True, slots=True)
+class Axis:
+    """One axis: its name, its numbers (hot path) and its explanation (on demand)."""
+
+    name: str
+    numbers: Numbers
+    words: Words
+
+    def __call__(self, ctx: ScoringContext, pool: PoolStats, view: EndpointView) -> AxisScore:
+        score = _clamp(self.numbers(ctx, pool, (view,))[0])
+        return AxisScore(self.name, score, self.words(ctx, pool, view))
+
+
+# -- kv_cache ------------------------------------------------------------------------------
+
+
+def _kv_cache(ctx: ScoringContext, pool: PoolStats, views: Sequence[EndpointView]) -> list[float]:
+    prompt = ctx.call.num_prompt_tokens
+    get = ctx.cached_tokens.get
+    out = []
+    for view in views:
+        name = view.info.name
+        cached = get(name, 0)
+        if cached <= 0 or prompt <= 0 or not _keeps(ctx, pool, name):
+            out.append(0.0)
+        else:
+            out.append(min(1.0, cached / prompt))
+    return out
+
+
+def _kv_cache_words(ctx: ScoringContext, pool: PoolStats, view: EndpointView) -> str:
     cached = ctx.cached_tokens.get(view.name, 0)
     if cached <= 0 or ctx.call.num_prompt_tokens <= 0:
-        return AxisScore("kv_cache", 0.0, "no cached prefix" if ctx.has_prefix_data else "no data")
+        return "no cached prefix" if ctx.has_prefix_data else "no data"
     kept, why = keeps_affinity(ctx, pool, view.name)
     if not kept:
-        return AxisScore("kv_cache", 0.0, why)
+        return why
     frac = min(1.0, cached / ctx.call.num_prompt_tokens)
     how = "cached" if ctx.has_prefix_data else "assumed cached (workflow)"
-    return AxisScore("kv_cache", frac, f"{cached} tokens {how} ({frac:.0%}); {why}")
+    return f"{cached} tokens {how} ({frac:.0%}); {why}"
 
 
-def score_load(ctx: ScoringContext, pool: PoolStats, view: EndpointView) -> AxisScore:
+# -- load, headroom ------------------------------------------------------------------------
+
+
+def _load(ctx: ScoringContext, pool: PoolStats, views: Sequence[EndpointView]) -> list[float]:
+    least, scale = pool.min_load, ctx.cfg.load_scale
+    return [
+        1.0 / (1.0 + max(0.0, max(v.in_flight, v.load.num_waiting + v.load.num_running) - least)
+        / scale)
+        for v in views
+    ]  # fmt: skip
+
+
+def _load_words(ctx: ScoringContext, pool: PoolStats, view: EndpointView) -> str:
     load = load_of(view)
-    extra = max(0.0, load - pool.min_load)
-    score = 1.0 / (1.0 + extra / ctx.cfg.load_scale)
-    return AxisScore("load", score, f"{load:.0f} outstanding (+{extra:.0f})")
+    return f"{load:.0f} outstanding (+{max(0.0, load - pool.min_load):.0f})"
 
 
-def score_headroom(ctx: ScoringContext, pool: PoolStats, view: EndpointView) -> AxisScore:
-    kv = min(1.0, max(0.0, view.load.kv_usage))
-    return AxisScore("headroom", 1.0 - kv, f"KV {kv:.0%} used")
+def _headroom(ctx: ScoringContext, pool: PoolStats, views: Sequence[EndpointView]) -> list[float]:
+    return [1.0 - min(1.0, max(0.0, v.load.kv_usage)) for v in views]
 
 
-def score_latency(ctx: ScoringContext, pool: PoolStats, view: EndpointView) -> AxisScore:
-    estimate = ctx.estimates[view.name]
-    use = budget_use(ctx.call, estimate, ctx.now, ctx.cfg)
+def _headroom_words(ctx: ScoringContext, pool: PoolStats, view: EndpointView) -> str:
+    return f"KV {min(1.0, max(0.0, view.load.kv_usage)):.0%} used"
+
+
+# -- latency -------------------------------------------------------------------------------
+
+
+def _latency(ctx: ScoringContext, pool: PoolStats, views: Sequence[EndpointView]) -> list[float]:
+    comfort, scale_s, best_s = ctx.cfg.budget_comfort, ctx.cfg.latency_scale_s, pool.min_ttft_s
+    out = []
+    for view in views:
+        name = view.info.name
+        use = ctx.budget_use(name)
+        if use is None:
+            extra_s = max(0.0, ctx.estimates[name].ttft_s - best_s)
+            out.append(1.0 / (1.0 + extra_s / scale_s))
+        elif use > 1.0:
+            out.append(0.0)
+        elif use <= comfort or comfort >= 1.0:
+            out.append(1.0)
+        else:
+            out.append((1.0 - use) / (1.0 - comfort))
+    return out
+
+
+def _latency_words(ctx: ScoringContext, pool: PoolStats, view: EndpointView) -> str:
+    ttft_s = ctx.estimates[view.name].ttft_s
+    use = ctx.budget_use(view.name)
     if use is None:
-        extra_s = max(0.0, estimate.ttft_s - pool.min_ttft_s)
-        score = 1.0 / (1.0 + extra_s / ctx.cfg.latency_scale_s)
-        return AxisScore("latency", score, f"TTFT {estimate.ttft_s:.3f}s (+{extra_s:.3f}s)")
-    comfort = ctx.cfg.budget_comfort
-    if use > 1.0:
-        score = 0.0
-    elif use <= comfort or comfort >= 1.0:
-        score = 1.0
-    else:
-        score = (1.0 - use) / (1.0 - comfort)
+        return f"TTFT {ttft_s:.3f}s (+{max(0.0, ttft_s - pool.min_ttft_s):.3f}s)"
     verdict = "misses" if use > 1.0 else "meets"
-    return AxisScore("latency", score, f"TTFT {estimate.ttft_s:.3f}s {verdict} budget ({use:.0%})")
+    return f"TTFT {ttft_s:.3f}s {verdict} budget ({use:.0%})"
 
 
-def score_cost(ctx: ScoringContext, pool: PoolStats, view: EndpointView) -> AxisScore:
-    usd = ctx.usd_per_token.get(view.name, 0.0)
-    cheapest = pool.min_usd_per_token
-    score = 1.0 if usd <= cheapest or usd <= 0 else cheapest / usd
-    return AxisScore("cost", score, f"${usd * 1e6:.3f} per 1M tokens")
+# -- cost, warm, priority, affinity --------------------------------------------------------
 
 
-def score_warm(ctx: ScoringContext, pool: PoolStats, view: EndpointView) -> AxisScore:
+def _cost(ctx: ScoringContext, pool: PoolStats, views: Sequence[EndpointView]) -> list[float]:
+    cheapest, get = pool.min_usd_per_token, ctx.usd_per_token.get
+    out = []
+    for view in views:
+        usd = get(view.info.name, 0.0)
+        out.append(1.0 if usd <= cheapest or usd <= 0 else cheapest / usd)
+    return out
+
+
+def _cost_words(ctx: ScoringContext, pool: PoolStats, view: EndpointView) -> str:
+    return f"${ctx.usd_per_token.get(view.name, 0.0) * 1e6:.3f} per 1M tokens"
+
+
+def _warm_one(ctx: ScoringContext, view: EndpointView) -> float:
     if view.state is EndpointState.READY:
-        return AxisScore("warm", 1.0, "ready")
+        return 1.0
+    if view.state is EndpointState.WARMING:
+        return slow_start_weight(ctx.now - view.state_since_s, ctx.cfg)
+    return 0.0
+
+
+def _warm(ctx: ScoringContext, pool: PoolStats, views: Sequence[EndpointView]) -> list[float]:
+    ready = EndpointState.READY
+    return [1.0 if v.state is ready else _warm_one(ctx, v) for v in views]
+
+
+def _warm_words(ctx: ScoringContext, pool: PoolStats, view: EndpointView) -> str:
+    if view.state is EndpointState.READY:
+        return "ready"
     if view.state is EndpointState.WARMING:
         since_s = ctx.now - view.state_since_s
-        weight = slow_start_weight(since_s, ctx.cfg)
-        return AxisScore("warm", weight, f"warming {since_s:.1f}s: slow start {weight:.2f}")
-    return AxisScore("warm", 0.0, f"state {view.state.value}")
+        return f"warming {since_s:.1f}s: slow start {slow_start_weight(since_s, ctx.cfg):.2f}"
+    return f"state {view.state.value}"
 
 
-def score_priority(ctx: ScoringContext, pool: PoolStats, view: EndpointView) -> AxisScore:
+def _priority(ctx: ScoringContext, pool: PoolStats, views: Sequence[EndpointView]) -> list[float]:
     if ctx.call.priority is not PriorityClass.CRITICAL:
-        return AxisScore("priority", 1.0, f"{ctx.call.priority.value}: no preference")
+        return [1.0] * len(views)
+    limit = ctx.cfg.critical_kv_limit
+    return [
+        max(0.0, 1.0 - min(1.0, max(0.0, v.load.kv_usage)) / limit) / (1.0 + v.load.num_waiting)
+        for v in views
+    ]
+
+
+def _priority_words(ctx: ScoringContext, pool: PoolStats, view: EndpointView) -> str:
+    if ctx.call.priority is not PriorityClass.CRITICAL:
+        return f"{ctx.call.priority.value}: no preference"
     kv = min(1.0, max(0.0, view.load.kv_usage))
-    room = max(0.0, 1.0 - kv / ctx.cfg.critical_kv_limit)
-    score = room / (1.0 + view.load.num_waiting)
-    return AxisScore("priority", score, f"critical: KV {kv:.0%}, {view.load.num_waiting} queued")
+    return f"critical: KV {kv:.0%}, {view.load.num_waiting} queued"
 
 
-def score_affinity(ctx: ScoringContext, pool: PoolStats, view: EndpointView) -> AxisScore:
+def _affinity(ctx: ScoringContext, pool: PoolStats, views: Sequence[EndpointView]) -> list[float]:
+    target = ctx.affinity_endpoint
+    return [1.0 if v.info.name == target and _keeps(ctx, pool, v.info.name) else 0.0 for v in views]
+
+
+def _affinity_words(ctx: ScoringContext, pool: PoolStats, view: EndpointView) -> str:
     if ctx.affinity_endpoint is None:
-        return AxisScore("affinity", 0.0, "no workflow affinity")
+        return "no workflow affinity"
     if view.name != ctx.affinity_endpoint:
-        return AxisScore("affinity", 0.0, "not the workflow's endpoint")
-    kept, why = keeps_affinity(ctx, pool, view.name)
-    return AxisScore("affinity", 1.0 if kept else 0.0, f"workflow's endpoint; {why}")
+        return "not the workflow's endpoint"
+    return f"workflow's endpoint; {keeps_affinity(ctx, pool, view.name)[1]}"
 
 
-SCORERS: tuple[tuple[str, Scorer], ...] = (
-    ("kv_cache", score_kv_cache),
-    ("load", score_load),
-    ("headroom", score_headroom),
-    ("latency", score_latency),
-    ("cost", score_cost),
-    ("warm", score_warm),
-    ("priority", score_priority),
-    ("affinity", score_affinity),
+score_kv_cache = Axis("kv_cache", _kv_cache, _kv_cache_words)
+score_load = Axis("load", _load, _load_words)
+score_headroom = Axis("headroom", _headroom, _headroom_words)
+score_latency = Axis("latency", _latency, _latency_words)
+score_cost = Axis("cost", _cost, _cost_words)
+score_warm = Axis("warm", _warm, _warm_words)
+score_priority = Axis("priority", _priority, _priority_words)
+score_affinity = Axis("affinity", _affinity, _affinity_words)
+
+AXES: tuple[Axis, ...] = (
+    score_kv_cache,
+    score_load,
+    score_headroom,
+    score_latency,
+    score_cost,
+    score_warm,
+    score_priority,
+    score_affinity,
 )
+SCORERS: tuple[tuple[str, Scorer], ...] = tuple((a.name, a) for a in AXES)
+
+#: The axes with weight, and their weights, in ``AXES`` order.
+ActiveAxes = tuple[tuple[Axis, float], ...]
+_ACTIVE_CACHE: dict[int, tuple[ScorerWeights, ActiveAxes]] = {}
+_MAX_ACTIVE_CACHE = 256
+
+
+def active_axes(weights: ScorerWeights | Mapping[str, float]) -> ActiveAxes:
+    """Axes with a positive weight (memoised per ``ScorerWeights`` object)."""
+    if isinstance(weights, ScorerWeights):
+        hit = _ACTIVE_CACHE.get(id(weights))
+        if hit is not None and hit[0] is weights:
+            return hit[1]
+        active = active_axes(weights.as_dict())
+        if len(_ACTIVE_CACHE) >= _MAX_ACTIVE_CACHE:
+            _ACTIVE_CACHE.clear()
+        _ACTIVE_CACHE[id(weights)] = (weights, active)
+        return active
+    return tuple((a, w) for a in AXES if (w := weights.get(a.name, 0.0)) > 0)
+
+
+def score_totals(
+    ctx: ScoringContext, pool: PoolStats, views: Sequence[EndpointView], active: ActiveAxes
+) -> dict[str, float]:
+    """The hot path: per endpoint, the weighted mean score in [0, 1] (no reasons)."""
+    total_w = sum(w for _, w in active)
+    if total_w <= 0:
+        return {v.name: 0.0 for v in views}
+    raw = [0.0] * len(views)
+    for axis, w in active:
+        scores = axis.numbers(ctx, pool, views)
+        raw = [
+            r + (s if 0.0 <= s <= 1.0 else _clamp(s)) * w for r, s in zip(raw, scores, strict=True)
+        ]
+    return {v.info.name: min(1.0, max(0.0, r / total_w)) for v, r in zip(views, raw, strict=True)}
+
+
+def explain(
+    ctx: ScoringContext, pool: PoolStats, view: EndpointView, active: ActiveAxes
+) -> tuple[AxisScore, ...]:
+    """Every active axis of one endpoint, with its score and reason."""
+    return tuple(axis(ctx, pool, view) for axis, _ in active)
 
 
 def score_all(
@@ -227,22 +396,6 @@ def score_all(
 ) -> dict[str, tuple[float, tuple[AxisScore, ...]]]:
     """Per endpoint: the weighted mean score in [0, 1] and every axis that has weight."""
     pool = PoolStats.of(ctx, views)
-    active = [(fn, w) for axis, fn in SCORERS if (w := weights.get(axis, 0.0)) > 0]
-    total_w = sum(w for _, w in active)
-    out: dict[str, tuple[float, tuple[AxisScore, ...]]] = {}
-    for view in views:
-        axes: list[AxisScore] = []
-        raw = 0.0
-        for fn, w in active:
-            axis = fn(ctx, pool, view)
-            if not 0.0 <= axis.score <= 1.0:
-                axis = _clamped(axis)
-            axes.append(axis)
-            raw += axis.score * w
-        out[view.name] = (min(1.0, max(0.0, raw / total_w)) if total_w > 0 else 0.0, tuple(axes))
-    return out
-
-
-def _clamped(axis: AxisScore) -> AxisScore:
-    score = 0.0 if axis.score != axis.score else min(1.0, max(0.0, axis.score))  # NaN -> 0
-    return AxisScore(axis.axis, score, axis.reason)
+    active = active_axes(weights)
+    totals = score_totals(ctx, pool, views, active)
+    return {v.name: (totals[v.name], explain(ctx, pool, v, active)) for v in views}

@@ -41,6 +41,7 @@ def test_filtered_endpoints_are_never_ranked_and_are_explained() -> None:
     assert decision.names() == ("a",)
     assert "cold: state cold" in decision.reason
     assert all(a.reason for a in decision.ranked[0].axes)
+    assert len(decision.ranked[0].axes) == 8  # the primary is always explained
     empty = _route([view("x", model="other")])
     assert empty.primary is None and "'m'" in empty.reason
 
@@ -57,7 +58,7 @@ def test_prefix_holder_wins_and_matcher_is_asked() -> None:
 def test_hot_prefix_holder_is_left_for_an_idle_replica() -> None:
     matcher = FixedMatcher({"holder": 100})
     views = [view("holder", waiting=200, running=200, kv=0.9), view("idle")]
-    decision = _route(views, prefix_index=matcher)
+    decision = _route(views, prefix_index=matcher, config=RoutingConfig(explain_top=2))
     assert decision.primary == "idle"
     holder = next(r for r in decision.ranked if r.name == "holder")
     assert "hot" in {a.axis: a.reason for a in holder.axes}["kv_cache"]
@@ -246,3 +247,15 @@ def test_burst_on_one_prefix_spills_once_the_holder_queues() -> None:
     assert picks[0] == "holder"
     assert picks.count("holder") > picks.count("b") and picks.count("holder") > picks.count("c")
     assert picks.count("holder") < len(picks)  # the rule withdrew the bonus at some point
+
+
+def test_only_the_top_ranked_are_explained_and_totals_match_the_axes() -> None:
+    views = [view(f"e{i}", in_flight=i, kv=0.1 * i) for i in range(6)]
+    lean = _route(views)
+    assert [len(r.axes) for r in lean.ranked] == [8, 0, 0, 0, 0, 0]
+    full = _route(views, config=RoutingConfig(explain_top=6))
+    assert full.names() == lean.names()
+    weights = RoutingConfig().weights.as_dict()
+    for ranked in full.ranked:
+        mean = sum(a.score * weights[a.axis] for a in ranked.axes) / sum(weights.values())
+        assert ranked.score == pytest.approx(mean)
