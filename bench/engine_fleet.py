@@ -39,6 +39,7 @@ from inferplane.engine.fleet import EngineSpec, Fleet, new_event_loop
 
 RESULTS = Path(__file__).parent / "results" / "engine-fleet.json"
 MODEL = "llama-3-8b"
+_TOKEN_MARK = b'"finish_reason":null'  # every token chunk has it, the final chunk not
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,12 +81,14 @@ async def _stream_loop(
         }
         try:
             async with session.post(url + "/v1/completions", json=body) as resp:
-                async for line in resp.content:
-                    if b'"finish_reason":null' in line:
-                        now = time.monotonic()
-                        if counts["start"] <= now < counts["end"]:
-                            counts["tokens"] += 1
-                    if time.monotonic() >= stop_at:
+                tail = b""
+                async for data in resp.content.iter_any():  # one wake-up per read, not per line
+                    buf = tail + data
+                    tail = buf[1 - len(_TOKEN_MARK) :]  # too short to hold a whole mark
+                    now = time.monotonic()
+                    if counts["start"] <= now < counts["end"]:
+                        counts["tokens"] += buf.count(_TOKEN_MARK)
+                    if now >= stop_at:
                         return
             counts["done"] += 1
         except (TimeoutError, aiohttp.ClientError):

@@ -3,8 +3,11 @@
 The driver is the only place where the emulated engine meets a clock. One task per
 engine sleeps until ``model.next_event_time()`` with a single ``call_at`` timer (woken
 early when a request arrives), calls ``model.advance(now)`` and fans the events out: token
-ids to the per-request ``RequestStream`` of the HTTP handler that waits for them, latency
-samples to ``EngineMetrics``, KV events (one batch per wake-up) to the publisher.
+ids to the per-request ``RequestStream`` of the HTTP handler that waits for them (or, when
+the handler attached a ``sink``, straight into it: a streaming handler writes each step's
+chunk to its socket without a task wake-up per token), latency samples to
+``EngineMetrics``, KV events (one batch per wake-up) to the publisher. A failing model
+step is logged and handled as a crash, so clients never hang on a dead driver.
 
 The model's clock is the loop clock minus the time spent hung (``hang`` pauses it), so a
 hang freezes the engine instead of letting it catch up in a burst when it ends.
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Callable, Sequence
 
 from inferplane.engine.faults import FaultInjector
@@ -37,6 +41,8 @@ from inferplane.engine.types import (
     StateChanged,
     TokensGenerated,
 )
+
+log = logging.getLogger("inferplane.engine")
 
 KVSink = Callable[[float, Sequence[KVEvent]], object]
 _KV_TYPES = (BlockStored, BlockRemoved, AllBlocksCleared)
@@ -258,7 +264,11 @@ class EngineDriver:
                 self.total_lateness_s += lateness
                 self.max_lateness_s = max(self.max_lateness_s, lateness)
                 self.num_late_wakeups += lateness > 0.001
-            self._dispatch(self.model.advance(now - self._offset_s))
+            try:
+                self._dispatch(self.model.advance(now - self._offset_s))
+            except Exception:  # a model bug must not leave clients hanging forever
+                log.exception("engine step failed; restarting the engine")
+                self._crash_pending = True
             if self._crash_pending:
                 self.faults.disarm_crash()
                 self.restart()

@@ -124,3 +124,23 @@ async def test_slowdown_stretches_the_model_steps() -> None:
             async with session.get(url + "/admin/faults") as resp:
                 assert (await resp.json())["slowdown"] == 4
         assert fleet.call(lambda: server.model.slowdown) == 4.0
+
+
+async def test_a_failing_engine_step_fails_requests_instead_of_hanging() -> None:
+    with running_fleet(EngineSpec(time_scale=0.01)) as fleet:
+        server = fleet.engines[0].server
+        original = server.model.advance
+        calls = [0]
+
+        def broken(now: float, **kwargs: Any) -> Any:
+            calls[0] += 1
+            if calls[0] == 5:
+                raise RuntimeError("injected model bug")
+            return original(now, **kwargs)
+
+        fleet.call(lambda: setattr(server.model, "advance", broken))
+        async with aiohttp.ClientSession() as session:
+            chunks = await _read_until_cut(session, fleet.engines[0].url, STREAM_BODY)
+        payloads, done = sse_payloads(b"".join(chunks))
+        assert not done and len(payloads) < 60
+        assert fleet.call(lambda: server.driver.num_in_flight) == 0
