@@ -144,3 +144,12 @@ async def test_a_failing_engine_step_fails_requests_instead_of_hanging() -> None
         payloads, done = sse_payloads(b"".join(chunks))
         assert not done and len(payloads) < 60
         assert fleet.call(lambda: server.driver.num_in_flight) == 0
+
+
+async def test_crash_drops_non_streaming_requests_too() -> None:
+    spec = EngineSpec(time_scale=0.01, faults=FaultConfig(crash_after_tokens=5))
+    with running_fleet(spec) as fleet:
+        body = {**STREAM_BODY, "stream": False}
+        async with aiohttp.ClientSession() as session:
+            with pytest.raises(aiohttp.ServerDisconnectedError):
+                await session.post(fleet.engines[0].url + "/v1/completions", json=body)
