@@ -1,0 +1,215 @@
+"""Tracing: one OpenTelemetry trace per call, a span per hop, W3C ``traceparent`` in and out.
+
+A call is a distributed transaction; its trace shows each decision where it was taken:
+
+    inferplane.call                      (server span; parent: the client's traceparent)
+      authenticate, context, cache, admit, queue      (hops, with their outcome)
+      route                               (ranked endpoints, per-axis scores as attributes)
+      upstream                            (one per attempt; its traceparent goes to the engine)
+      resumption                          (a broken stream continued elsewhere)
+      upstream
+      account                             (tokens, cost, outcome)
+
+The gateway calls a few context managers, one line per hop::
+
+    with tracer.call(request.headers, request_id, path) as call:
+        with tracer.hop("authenticate"): ...
+        tracer.route(decision)
+        with tracer.attempt(endpoint, n) as headers:   # add ``headers`` to the upstream call
+            ...
+        call.reject(429, "queue_full")                  # or call.finish(status)
+
+Each ``GatewayTracer`` owns its own ``TracerProvider`` (tests run many gateways in one
+process); nothing is global. Tracing is off by default (``TracingConfig.enabled``): the helpers
+then cost a branch. OTLP export needs the optional ``opentelemetry-exporter-otlp-proto-http``
+package and an endpoint; tests use the in-memory exporter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from opentelemetry.trace import NonRecordingSpan, Span, SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.util.types import AttributeValue
+from pydantic import BaseModel, ConfigDict, Field
+
+from inferplane.core.types import RouteDecision
+
+__all__ = ["CallSpan", "GatewayTracer", "TracingConfig"]
+
+_PROPAGATOR = TraceContextTextMapPropagator()
+_MAX_RANKED = 8  # endpoints whose scores go on the route span (bounded attributes)
+_HOPS = frozenset({"authenticate", "context", "cache", "admit", "queue", "account", "stream"})
+
+
+class TracingConfig(BaseModel):
+    """The ``tracing`` section."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    enabled: bool = False
+    service_name: str = "inferplane-gateway"
+    sample_ratio: float = Field(default=1.0, ge=0, le=1)  # for calls with no sampled parent
+    otlp_endpoint: str | None = None  # e.g. http://collector:4318/v1/traces; None: no export
+
+
+class CallSpan:
+    """The root span of one call; ends with a status (or a rejection with its reason)."""
+
+    __slots__ = ("span",)
+
+    def __init__(self, span: Span) -> None:
+        self.span = span
+
+    def set(self, **attributes: Any) -> None:
+        for key, value in attributes.items():
+            if value is not None:
+                self.span.set_attribute(f"inferplane.{key}", value)
+
+    def reject(self, status: int, reason: str) -> None:
+        self.span.set_attribute("http.response.status_code", status)
+        self.span.set_attribute("inferplane.reject.reason", reason)
+        self.span.set_status(Status(StatusCode.ERROR, reason))
+
+    def finish(self, status: int, reason: str | None = None) -> None:
+        self.span.set_attribute("http.response.status_code", status)
+        if status >= 400 or reason:
+            self.span.set_status(Status(StatusCode.ERROR, reason or str(status)))
+
+
+class GatewayTracer:
+    """Spans for the gateway's hops, from one private provider."""
+
+    def __init__(self, config: TracingConfig, exporter: SpanExporter | None = None) -> None:
+        self.enabled = config.enabled
+        sampler = ParentBased(TraceIdRatioBased(config.sample_ratio))
+        resource = Resource.create({"service.name": config.service_name})
+        self.provider = TracerProvider(sampler=sampler, resource=resource)
+        if exporter is not None:
+            self.provider.add_span_processor(SimpleSpanProcessor(exporter))
+        elif config.enabled and config.otlp_endpoint:
+            self.provider.add_span_processor(BatchSpanProcessor(_otlp(config.otlp_endpoint)))
+        self._tracer = self.provider.get_tracer("inferplane.gateway")
+
+    @classmethod
+    def in_memory(cls, sample_ratio: float = 1.0) -> tuple[GatewayTracer, InMemorySpanExporter]:
+        exporter = InMemorySpanExporter()
+        config = TracingConfig(enabled=True, sample_ratio=sample_ratio)
+        return cls(config, exporter), exporter
+
+    def shutdown(self) -> None:
+        self.provider.shutdown()
+
+    @contextlib.contextmanager
+    def call(self, headers: Mapping[str, str], request_id: str, path: str) -> Iterator[CallSpan]:
+        """The call's root span, child of the client's ``traceparent`` when it sent one."""
+        if not self.enabled:
+            yield CallSpan(NonRecordingSpan(trace.INVALID_SPAN_CONTEXT))
+            return
+        parent = _PROPAGATOR.extract({k.lower(): v for k, v in headers.items()})
+        with self._tracer.start_as_current_span(
+            "inferplane.call",
+            context=parent,
+            kind=SpanKind.SERVER,
+            attributes={"inferplane.request_id": request_id, "url.path": path},
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            yield CallSpan(span)
+
+    @contextlib.contextmanager
+    def hop(self, name: str, **attributes: Any) -> Iterator[Span]:
+        """One hop of the call (``authenticate``, ``context``, ``admit``...)."""
+        if name not in _HOPS:
+            raise ValueError(f"unknown hop {name!r}")
+        with self._child(name, attributes) as span:
+            yield span
+
+    def route(self, decision: RouteDecision, target: str | None = None) -> None:
+        """The routing decision: ranked endpoints, predicted TTFT and per-axis scores."""
+        if not self.enabled:
+            return
+        attrs: dict[str, AttributeValue] = {
+            "inferplane.route.reason": decision.reason[:512],
+            "inferplane.route.ranked": list(decision.names()[:_MAX_RANKED]),
+        }
+        if target is not None:
+            attrs["inferplane.route.model"] = target
+        for ranked in decision.ranked[:_MAX_RANKED]:
+            prefix = f"inferplane.score.{ranked.name}"
+            attrs[prefix] = ranked.score
+            if ranked.predicted_ttft_s is not None:
+                attrs[f"inferplane.predicted_ttft_s.{ranked.name}"] = ranked.predicted_ttft_s
+            for axis in ranked.axes:
+                attrs[f"{prefix}.{axis.axis}"] = axis.score
+        self._tracer.start_span("route", attributes=attrs).end()
+
+    @contextlib.contextmanager
+    def attempt(
+        self, endpoint: str, attempt: int, retry_reason: str | None = None
+    ) -> Iterator[dict[str, str]]:
+        """One upstream attempt; yields the headers (``traceparent``) to send to the engine.
+
+        The span ends with an error status when the body raises; ``fail(reason)`` on the span
+        marks an attempt that returned an error without raising.
+        """
+        attrs = {"inferplane.endpoint": endpoint, "inferplane.attempt": attempt}
+        if retry_reason is not None:
+            attrs["inferplane.retry.reason"] = retry_reason
+        with self._child("upstream", attrs, kind=SpanKind.CLIENT) as span:
+            headers: dict[str, str] = {}
+            if span.is_recording():
+                _PROPAGATOR.inject(headers, context=trace.set_span_in_context(span))
+            yield headers
+
+    def fail_current(self, reason: str, status: int | None = None) -> None:
+        """Mark the current span (an attempt, a hop) failed with ``reason``."""
+        span = trace.get_current_span()
+        if status is not None:
+            span.set_attribute("http.response.status_code", status)
+        span.set_status(Status(StatusCode.ERROR, reason))
+
+    def resumption(self, from_endpoint: str, num_tokens: int, reason: str) -> None:
+        """A stream broke after ``num_tokens`` and will continue on another endpoint."""
+        if not self.enabled:
+            return
+        attrs: dict[str, AttributeValue] = {
+            "inferplane.resume.from": from_endpoint,
+            "inferplane.resume.tokens": num_tokens,
+            "inferplane.resume.reason": reason,
+        }
+        self._tracer.start_span("resumption", attributes=attrs).end()
+
+    @contextlib.contextmanager
+    def _child(
+        self, name: str, attributes: Mapping[str, Any], kind: SpanKind = SpanKind.INTERNAL
+    ) -> Iterator[Span]:
+        if not self.enabled:
+            yield trace.INVALID_SPAN
+            return
+        attrs = {k if k.startswith(("inferplane.", "http.")) else f"inferplane.{k}": v
+                 for k, v in attributes.items() if v is not None}  # fmt: skip
+        with self._tracer.start_as_current_span(name, kind=kind, attributes=attrs) as span:
+            yield span
+
+
+def _otlp(endpoint: str) -> SpanExporter:
+    try:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # type: ignore[import-not-found,unused-ignore]
+            OTLPSpanExporter,
+        )
+    except ImportError as exc:  # pragma: no cover - depends on an optional package
+        raise RuntimeError(
+            "tracing.otlp_endpoint needs the package opentelemetry-exporter-otlp-proto-http"
+        ) from exc
+    exporter: SpanExporter = OTLPSpanExporter(endpoint=endpoint)
+    return exporter
