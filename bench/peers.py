@@ -1,0 +1,497 @@
+"""The peer scoreboard: inferplane against sglang-router, vllm-router and LiteLLM, one run.
+
+    python bench/peers.py [--quick] [--gateways inferplane,sglang-router,...]
+        [--workloads shared_prefix,agentic,overload,cascade,crash] [--seed 0]
+
+For every (workload, gateway) cell it starts a fresh emulated fleet (8 engines, in a
+process of their own, KV events on), starts the gateway in front of it (peers from their
+own virtualenvs under bench/results/cache/venvs, installed on first use), replays the
+seeded workload with one load generator process (bench/peerlib/loadgen.py), reads the
+engines' prefix-cache counters, and stops both. Capacity is measured first, straight at
+the engines, in output tokens per second; workloads are sized against it. An overhead
+section measures a trivial backend (bench/gateway_overhead.py's) direct and through each
+gateway with the same closed-loop client. Output: bench/results/peers-<date>.md, .json and
+PNG plots (matplotlib from its own cache virtualenv). A peer that cannot be installed or
+started is reported as "not run: <reason>".
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from peerlib import gateways as gw
+from peerlib import workloads as wl
+from peerlib.report import not_run_lines, table, target_lines
+from peerlib.stats import Row, RunInfo, prefix_counts, summarize
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+HERE = Path(__file__).resolve()
+DEFAULT_GATEWAYS = "inferplane,sglang-router,vllm-router,litellm,sglang-router:round_robin"
+
+
+# ---- roles run in child processes ----------------------------------------------------------
+
+
+def role_fleet(args: argparse.Namespace) -> None:
+    """Run the emulated fleet until stdin closes; write the endpoint configs to --out."""
+    import asyncio
+
+    from inferplane.engine.fleet import EngineSpec, Fleet, new_event_loop
+
+    async def main() -> None:
+        spec = EngineSpec(
+            count=args.engines,
+            time_scale=args.time_scale,
+            kv_events=True,
+            name_prefix="e",
+            seed=args.seed,
+        )
+        async with Fleet([spec]) as fleet:
+            endpoints = [e.endpoint_config() for e in fleet.engines]
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, Path(args.out).write_text, json.dumps(endpoints))
+            await loop.run_in_executor(None, sys.stdin.read)
+
+    loop = new_event_loop()
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
+
+
+def role_load(args: argparse.Namespace) -> None:
+    import uvloop
+    from peerlib import loadgen
+
+    spec = json.loads(Path(args.spec).read_text())
+    fn = loadgen.closed_loop if spec.get("mode") == "closed" else loadgen.run
+    result = uvloop.run(fn(spec))
+    Path(args.out).write_text(json.dumps(result))
+
+
+# ---- orchestration helpers ----------------------------------------------------------------
+
+
+class FleetProc:
+    def __init__(self, args: argparse.Namespace, workdir: Path) -> None:
+        out = workdir / "fleet.json"
+        out.unlink(missing_ok=True)
+        cmd = [
+            sys.executable,
+            str(HERE),
+            "--role",
+            "fleet",
+            "--out",
+            str(out),
+            "--engines",
+            str(args.engines),
+            "--time-scale",
+            str(args.time_scale),
+            "--seed",
+            str(args.seed),
+        ]
+        log = (gw.LOGS / "fleet.log").open("ab")
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=log, stderr=log)
+        deadline = time.monotonic() + 60
+        while not out.exists() or not out.read_text():
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                self.stop()
+                raise RuntimeError("the emulated fleet did not start (see cache/logs/fleet.log)")
+            time.sleep(0.1)
+        self.endpoints: list[dict[str, Any]] = json.loads(out.read_text())
+
+    @property
+    def urls(self) -> list[str]:
+        return [e["url"] for e in self.endpoints]
+
+    def prefix_counts(self) -> tuple[float, float]:
+        hits = queries = 0.0
+        for url in self.urls:
+            try:
+                with urllib.request.urlopen(url + "/metrics", timeout=5) as resp:
+                    h, q = prefix_counts(resp.read().decode())
+            except OSError:
+                continue
+            hits, queries = hits + h, queries + q
+        return hits, queries
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+def run_load(spec: dict[str, Any], workdir: Path, timeout_s: float) -> dict[str, Any]:
+    spec_path, out_path = workdir / "load-spec.json", workdir / "load-out.json"
+    spec_path.write_text(json.dumps(spec))
+    out_path.unlink(missing_ok=True)
+    cmd = [
+        sys.executable,
+        str(HERE),
+        "--role",
+        "load",
+        "--spec",
+        str(spec_path),
+        "--out",
+        str(out_path),
+    ]
+    subprocess.run(cmd, check=True, timeout=timeout_s)
+    return dict(json.loads(out_path.read_text()))
+
+
+def chat_bodies(scale: wl.Scale, seed: int, count: int = 64) -> list[dict[str, Any]]:
+    """Closed-loop bodies with the chat mix of the workloads (for the capacity probe)."""
+    import random
+
+    rng = random.Random(f"{seed}:capacity")
+    bodies = []
+    for _ in range(count):
+        call = wl._chat(rng, scale, (16, 128))[0]
+        messages = [{"role": r, "content": c} for r, c in call.messages]
+        bodies.append(
+            {
+                "model": "llama-3-8b",
+                "messages": messages,
+                "max_tokens": call.max_tokens,
+                "stream": True,
+                "ignore_eos": True,
+            }
+        )
+    return bodies
+
+
+def measure_capacity(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    fleet = FleetProc(args, workdir)
+    try:
+        scale = wl.Scale(1.0, 1.0, args.time_scale, args.engines, args.quick)
+        spec = {
+            "mode": "closed",
+            "urls": [u + "/v1/chat/completions" for u in fleet.urls],
+            "bodies": chat_bodies(scale, args.seed),
+            "concurrency": args.capacity_streams,
+            "warmup_s": 3.0,
+            "window_s": 6.0 if args.quick else 10.0,
+        }
+        return run_load(spec, workdir, 120)
+    finally:
+        fleet.stop()
+
+
+def run_cell(
+    args: argparse.Namespace, spec: gw.GatewaySpec, workload: wl.Workload, workdir: Path
+) -> Row:
+    fleet = FleetProc(args, workdir)
+    try:
+        running = gw.start(spec, fleet.endpoints, workdir)
+        try:
+            drain_s = 15.0 if args.quick else 45.0
+            load = {
+                "url": running.url,
+                "api_key": running.api_key,
+                "drain_s": drain_s,
+                "engine_urls": fleet.urls,
+                "workload": wl.to_json(workload),
+            }
+            result = run_load(load, workdir, workload.duration_s + drain_s + 120)
+            raw = gw.CACHE / "raw" / f"{workload.name}-{spec.label.replace(' ', '-')}.json"
+            raw.parent.mkdir(parents=True, exist_ok=True)
+            raw.write_text(json.dumps(result))
+        finally:
+            running.stop()
+        prefix = fleet.prefix_counts()
+        usd_h = sum(e["price_per_hour_usd"] for e in fleet.endpoints)
+    finally:
+        fleet.stop()
+    info = RunInfo(
+        spec.label,
+        str(workload.name),
+        len(workload.tasks),
+        workload.duration_s,
+        usd_h,
+        args.time_scale,
+    )
+    row = summarize(info, result, prefix)
+    print(
+        f"  {spec.label:<28} goodput {row.goodput_tasks_s:6.2f}/s  ok {row.calls_ok}/{row.calls}"
+        f"  ttft p90 {row.ttft_p90_s}  hit {row.prefix_hit_rate}",
+        file=sys.stderr,
+        flush=True,
+    )
+    return row
+
+
+def _closed(
+    url: str, key: str | None, stream: bool, args: argparse.Namespace, workdir: Path
+) -> dict[str, Any]:
+    body = {
+        "model": "llama-3-8b",
+        "messages": [{"role": "user", "content": "hello"}],
+        "stream": stream,
+    }
+    spec = {
+        "mode": "closed",
+        "urls": [url],
+        "bodies": [body],
+        "concurrency": 64,
+        "api_key": key,
+        "warmup_s": 1.0,
+        "window_s": 2.0 if args.quick else 4.0,
+    }
+    return run_load(spec, workdir, 60)
+
+
+def measure_overhead(
+    args: argparse.Namespace, specs: list[gw.GatewaySpec], not_run: dict[str, str], workdir: Path
+) -> list[dict[str, Any]]:
+    """Trivial backend: direct, then through each gateway (interleaved), same client."""
+    port = gw.free_port()
+    backend = subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "gateway_overhead.py"),
+            "--role",
+            "backend",
+            "--port",
+            str(port),
+        ]
+    )
+    direct = f"http://127.0.0.1:{port}/v1/chat/completions"
+    endpoint = {
+        "name": "b0",
+        "url": f"http://127.0.0.1:{port}",
+        "kind": "openai",
+        "gpu": "h100",
+        "price_per_hour_usd": 2.0,
+        "models": ["llama-3-8b"],
+    }
+    rows = []
+    try:
+        time.sleep(1.5)
+        for spec in specs:
+            if spec.label in not_run:
+                continue
+            try:
+                running = gw.start(spec, [endpoint], workdir)
+            except gw.PeerUnavailable as exc:
+                not_run[spec.label] = str(exc)
+                continue
+            try:
+                row: dict[str, Any] = {"gateway": spec.label}
+                for stream in (False, True):
+                    d = _closed(direct, None, stream, args, workdir)
+                    g = _closed(running.url, running.api_key, stream, args, workdir)
+                    tag = "stream" if stream else "plain"
+                    row[tag] = {
+                        "direct": d,
+                        "gateway": g,
+                        "ratio": g["calls_s"] / d["calls_s"] if d["calls_s"] else None,
+                    }
+            finally:
+                running.stop()
+            rows.append(row)
+            print(f"  overhead {spec.label}: {row['plain']['ratio']}", file=sys.stderr, flush=True)
+    finally:
+        backend.terminate()
+        backend.wait(10)
+    return rows
+
+
+def overhead_lines(rows: list[dict[str, Any]]) -> list[str]:
+    out = [
+        "| gateway | req/s (direct) | ratio | added p50 ms | added p99 ms "
+        "| stream req/s | stream ratio |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        p, s = r["plain"], r["stream"]
+
+        def added(key: str, m: dict[str, Any] = p) -> str:
+            a, b = m["gateway"][key], m["direct"][key]
+            return "-" if a is None or b is None else f"{1e3 * (a - b):+.1f}"
+
+        out.append(
+            f"| {r['gateway']} | {p['gateway']['calls_s']:.0f} ({p['direct']['calls_s']:.0f})"
+            f" | {p['ratio'] or 0:.3f}x | {added('p50_s')} | {added('p99_s')} "
+            f"| {s['gateway']['calls_s']:.0f} | {s['ratio'] or 0:.3f}x |"
+        )
+    return out
+
+
+def install_all(specs: list[gw.GatewaySpec]) -> dict[str, str]:
+    """Install every peer's virtualenv (in parallel); label -> reason for those that failed."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    kinds = sorted({s.kind for s in specs if s.kind is not gw.GatewayKind.INFERPLANE})
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        futures = {k: pool.submit(gw.venv_python, k) for k in kinds}
+    failed: dict[gw.GatewayKind, str] = {}
+    for kind, fut in futures.items():
+        exc = fut.exception()
+        if exc is not None:
+            failed[kind] = str(exc)
+    return {s.label: failed[s.kind] for s in specs if s.kind in failed}
+
+
+def write_outputs(doc: dict[str, Any], lines: list[str]) -> Path:
+    stem = RESULTS / f"peers-{doc['date']}"
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    stem.with_suffix(".json").write_text(json.dumps(doc, indent=1))
+    plotter = gw.VENVS / "matplotlib" / "bin" / "python"
+    try:
+        gw.VENVS.mkdir(parents=True, exist_ok=True)
+        if not (plotter.parent.parent / ".installed").exists():
+            subprocess.run([sys.executable, "-m", "venv", str(plotter.parent.parent)], check=True)
+            subprocess.run(
+                [str(plotter), "-m", "pip", "install", "-q", "matplotlib"],
+                check=True,
+                timeout=900,
+                capture_output=True,
+            )
+            (plotter.parent.parent / ".installed").write_text("ok\n")
+        subprocess.run(
+            [
+                str(plotter),
+                str(HERE.parent / "peerlib" / "plots.py"),
+                str(stem.with_suffix(".json")),
+            ],
+            check=True,
+            timeout=120,
+        )
+        lines += ["", f"Plots: `{stem.name}-*.png`."]
+    except (subprocess.SubprocessError, OSError) as exc:
+        lines += ["", f"Plots not made: {exc}"]
+    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    return stem.with_suffix(".md")
+
+
+def header_lines(args: argparse.Namespace, capacity: dict[str, Any]) -> list[str]:
+    return [
+        f"# Peer scoreboard, {dt.date.today().isoformat()}{' (quick)' if args.quick else ''}",
+        "",
+        f"Fleet: {args.engines} emulated llama-3-8b/H100 engines, time scale {args.time_scale:g} "
+        f"(each engine {args.time_scale:g}x slower than the modelled GPU), KV events on; a fresh "
+        "fleet and gateway for every cell; one load generator process; seed "
+        f"{args.seed}; machine: {subprocess.getoutput('nproc')} CPUs shared by engines, gateway "
+        "and client.",
+        f"Capacity (chat mix straight at the engines, {args.capacity_streams} streams/engine): "
+        f"{capacity['tok_s']:.0f} output tok/s, {capacity['calls_s']:.1f} calls/s; workloads are "
+        "sized against it in output tokens.",
+        "Settings: inferplane serve with defaults (+ KV events); sglang-router / vllm-router "
+        "--policy cache_aware (extra rows: other policies); LiteLLM proxy routing_strategy "
+        "least-busy, default retries. Clients send X-Priority, X-Deadline-Ms and workflow "
+        "headers to every gateway (only inferplane reads them).",
+        "Definitions: goodput = tasks whose every call succeeded within its deadline, per second "
+        "of the arrival window; $/ok task = fleet spend in modelled GPU time over those tasks; "
+        "TTFT from the first attempt; prefix hit = engines' cached / queried prompt tokens; "
+        "429 = calls finally rejected; broken = streams cut without [DONE].",
+    ]
+
+
+def orchestrate(args: argparse.Namespace) -> None:
+    specs = [gw.parse_spec(s) for s in args.gateways.split(",") if s]
+    kinds = [wl.WorkloadKind(w) for w in args.workloads.split(",") if w]
+    gw.LOGS.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix="peers-"))
+    not_run = install_all(specs)
+    for label, reason in not_run.items():
+        print(f"not run: {label}: {reason}", file=sys.stderr, flush=True)
+    capacity = measure_capacity(args, workdir)
+    print(f"capacity: {capacity}", file=sys.stderr, flush=True)
+    scale = wl.Scale(
+        args.duration_s or (10.0 if args.quick else 30.0),
+        capacity["tok_s"],
+        args.time_scale,
+        args.engines,
+        args.quick,
+    )
+    doc: dict[str, Any] = {
+        "date": dt.date.today().isoformat(),
+        "args": vars(args),
+        "capacity": capacity,
+        "workloads": {},
+        "not_run": not_run,
+    }
+    lines = header_lines(args, capacity)
+    for kind in kinds:
+        workload = wl.build(kind, scale, args.seed)
+        print(f"{kind}: {len(workload.tasks)} tasks", file=sys.stderr, flush=True)
+        rows: list[Row] = []
+        for spec in specs:
+            if spec.label in not_run:
+                continue
+            try:
+                rows.append(run_cell(args, spec, workload, workdir))
+            except gw.PeerUnavailable as exc:
+                not_run[spec.label] = str(exc)
+                print(f"not run: {spec.label}: {exc}", file=sys.stderr, flush=True)
+        doc["workloads"][str(kind)] = {
+            "title": workload.title,
+            "tasks": len(workload.tasks),
+            "calls": sum(len(t.calls) for t in workload.tasks),
+            "rows": [r.to_json() for r in rows],
+        }
+        lines += [
+            "",
+            f"## {kind}: {workload.title} ({len(workload.tasks)} tasks, {workload.duration_s:g} s)",
+            "",
+            *table(rows),
+            "",
+            *target_lines(str(kind), rows),
+        ]
+    if not args.skip_overhead:
+        doc["overhead"] = measure_overhead(args, specs, not_run, workdir)
+        lines += [
+            "",
+            "## overhead: trivial backend, 64 concurrent, closed loop (at saturation)",
+            "",
+            *overhead_lines(doc["overhead"]),
+        ]
+    if not_run:
+        lines += ["", "## not run", "", *not_run_lines(not_run)]
+    path = write_outputs(doc, lines)
+    print("\n".join(lines))
+    print(f"wrote {path}", file=sys.stderr)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument("--role", choices=["orchestrate", "fleet", "load"], default="orchestrate")
+    p.add_argument("--out", default="")
+    p.add_argument("--spec", default="")
+    p.add_argument("--quick", action="store_true", help="short runs (~3 minutes) for iteration")
+    p.add_argument("--gateways", default=DEFAULT_GATEWAYS)
+    p.add_argument("--workloads", default=",".join(k.value for k in wl.WorkloadKind))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--engines", type=int, default=8)
+    p.add_argument("--time-scale", type=float, default=10.0)
+    p.add_argument("--duration-s", type=float, default=None)
+    p.add_argument("--capacity-streams", type=int, default=24)
+    p.add_argument("--skip-overhead", action="store_true")
+    args = p.parse_args()
+    if args.role == "fleet":
+        role_fleet(args)
+    elif args.role == "load":
+        role_load(args)
+    else:
+        orchestrate(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,191 @@
+"""The pure parts of the peer scoreboard: workload generation, statistics, report."""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+from peerlib import workloads as wl
+from peerlib.loadgen import RECORD_FIELDS
+from peerlib.report import table, target_lines
+from peerlib.stats import Row, RunInfo, percentile, prefix_counts, summarize
+
+SCALE = wl.Scale(duration_s=20.0, capacity_tok_s=2000.0, time_scale=10.0)
+
+
+@pytest.mark.parametrize("kind", list(wl.WorkloadKind))
+def test_workloads_are_deterministic_and_seed_dependent(kind: wl.WorkloadKind) -> None:
+    a = wl.build(kind, SCALE, seed=7)
+    b = wl.build(kind, SCALE, seed=7)
+    c = wl.build(kind, SCALE, seed=8)
+    assert a == b
+    assert json.dumps(wl.to_json(a)) == json.dumps(wl.to_json(b))
+    assert a.tasks != c.tasks
+    assert a.tasks, "a workload offers some tasks"
+    starts = [t.start_s for t in a.tasks]
+    assert starts == sorted(starts) and starts[0] >= 0 and starts[-1] < SCALE.duration_s
+
+
+def test_offered_load_scales_with_the_multiplier() -> None:
+    big = wl.Scale(duration_s=100.0, capacity_tok_s=2000.0, time_scale=10.0)
+    over = wl.build(wl.WorkloadKind.OVERLOAD, big, seed=1)  # 3x, chat only
+    cascade = wl.build(wl.WorkloadKind.CASCADE, big, seed=1)  # 0.7x, same chat mix
+    ratio = wl.expected_output_tokens(over) / wl.expected_output_tokens(cascade)
+    assert ratio == pytest.approx(3.0 / 0.7, rel=0.12)
+    offered_tok_s = wl.expected_output_tokens(over) / big.duration_s
+    assert offered_tok_s == pytest.approx(3.0 * big.capacity_tok_s, rel=0.12)
+
+
+def test_agentic_tasks_grow_context_with_pauses_and_priorities() -> None:
+    work = wl.build(wl.WorkloadKind.AGENTIC, wl.Scale(60.0, 2000.0, 10.0), seed=3)
+    agents = [t for t in work.tasks if t.kind == "agent"]
+    chats = [t for t in work.tasks if t.kind == "chat"]
+    assert agents and chats
+    for task in agents:
+        assert 10 <= len(task.calls) <= 50
+        assert task.priority in ("standard", "sheddable")
+        assert task.calls[0].pause_s == 0 and all(c.pause_s > 0 for c in task.calls[1:])
+        deadlines = [c.deadline_s - 0.04 * 10 * c.max_tokens for c in task.calls]
+        assert deadlines == sorted(deadlines), "the prompt part of the budget grows"
+    assert {t.priority for t in chats} == {"critical", "standard", "sheddable"}
+
+
+def test_deadlines_follow_the_time_scale() -> None:
+    slow = wl.build(wl.WorkloadKind.CRASH, wl.Scale(20.0, 2000.0, 20.0), seed=0)
+    fast = wl.build(wl.WorkloadKind.CRASH, wl.Scale(20.0, 2000.0, 10.0), seed=0)
+    for a, b in zip(slow.tasks, fast.tasks, strict=True):
+        assert a.calls[0].deadline_s == pytest.approx(2 * b.calls[0].deadline_s, rel=1e-3)
+    assert [f.engine_index for f in fast.faults] == [0, 3]
+
+
+def test_shared_prefix_customers_share_their_system_prompt() -> None:
+    work = wl.build(wl.WorkloadKind.SHARED_PREFIX, SCALE, seed=0)
+    by_customer: dict[str, set[str]] = {}
+    for task in work.tasks:
+        by_customer.setdefault(task.tenant, set()).add(task.calls[0].messages[0][1])
+    assert all(len(prompts) == 1 for prompts in by_customer.values())
+    assert len({p for ps in by_customer.values() for p in ps}) == len(by_customer) > 1
+
+
+def test_percentile_matches_numpy_linear() -> None:
+    rng = random.Random(5)
+    for n in (1, 2, 7, 100):
+        values = [rng.expovariate(1.0) for _ in range(n)]
+        for q in (0, 50, 90, 99, 100):
+            assert percentile(values, q) == pytest.approx(float(np.percentile(values, q)))
+    assert percentile([], 50) is None
+
+
+def _record(
+    task: str,
+    *,
+    ok: bool = True,
+    status: int = 200,
+    ttft: float | None = 0.1,
+    e2e: float = 1.0,
+    broken: bool = False,
+    attempts: int = 1,
+) -> list[Any]:
+    values = {
+        "task_id": task,
+        "kind": "chat",
+        "priority": "standard",
+        "start_s": 0.0,
+        "ttft_s": ttft,
+        "e2e_s": e2e,
+        "ok": ok,
+        "in_deadline": ok,
+        "status": status,
+        "attempts": attempts,
+        "tokens": 10 if ok else 0,
+        "broken": broken,
+        "timed_out": False,
+        "max_gap_s": 0.01,
+    }
+    return [values[f] for f in RECORD_FIELDS]
+
+
+def _result() -> dict[str, Any]:
+    records = [
+        _record("a", ttft=0.1),
+        _record("b", ttft=0.3, attempts=2),
+        _record("c", ok=False, status=429, ttft=None, attempts=3),
+        _record("d", ok=False, ttft=0.2, broken=True),
+    ]
+    tasks = [
+        ["a", "chat", "standard", True],
+        ["b", "chat", "standard", True],
+        ["c", "chat", "standard", False],
+        ["d", "chat", "standard", False],
+    ]
+    return {
+        "fields": list(RECORD_FIELDS),
+        "records": records,
+        "tasks": tasks,
+        "unfinished_tasks": 1,
+        "elapsed_s": 10.0,
+        "tbt_p99_s": 0.05,
+    }
+
+
+def test_summarize_counts_outcomes() -> None:
+    info = RunInfo(
+        "x", "overload", tasks_offered=5, window_s=2.0, fleet_usd_per_hour=36.0, time_scale=10.0
+    )
+    row = summarize(info, _result(), (30.0, 120.0))
+    assert (row.tasks_ok, row.calls, row.calls_ok) == (2, 4, 2)
+    assert row.goodput_tasks_s == pytest.approx(1.0)
+    assert row.success_rate == pytest.approx(2 / 5)  # the unfinished task's call counts
+    assert (row.rejected, row.failed, row.broken, row.unfinished) == (1, 1, 1, 1)
+    assert (row.streams_started, row.streams_completed) == (3, 2)
+    assert row.retries == 3
+    assert row.prefix_hit_rate == pytest.approx(0.25)
+    assert row.ttft_p50_s == pytest.approx(0.2)
+    spend = 36.0 * 2.0 / 10.0 / 3600.0
+    assert row.cost_per_task_usd == pytest.approx(spend / 2)
+    assert row.output_tok_s == pytest.approx(2.0)
+
+
+def test_prefix_counts_sum_labelled_counters() -> None:
+    text = (
+        "# HELP vllm:prefix_cache_hits_total x\n"
+        'vllm:prefix_cache_hits_total{model_name="m"} 30.0\n'
+        'vllm:prefix_cache_queries_total{model_name="m"} 100.0\n'
+        "vllm:prefix_cache_hits_created 1.7e9\n"
+    )
+    assert prefix_counts(text) == (30.0, 100.0)
+
+
+def _row(gateway: str, goodput: float, cost: float | None, broken: int = 0) -> Row:
+    info = RunInfo(gateway, "agentic", 4, 2.0, 36.0, 10.0)
+    base = summarize(info, _result(), None)
+    data = {
+        **base.to_json(),
+        "goodput_tasks_s": goodput,
+        "cost_per_task_usd": cost,
+        "broken": broken,
+    }
+    return Row(**data)
+
+
+def test_targets_compare_against_the_best_peer() -> None:
+    rows = [
+        _row("inferplane", 3.0, 0.5),
+        _row("sglang-router cache_aware", 1.5, 1.0),
+        _row("litellm", 2.5, 0.8),
+    ]
+    lines = target_lines("agentic", rows)
+    assert "1.20x best peer (litellm)" in lines[0] and "MISS" in lines[0]
+    assert "0.62x best peer (litellm)" in lines[1] and "PASS" in lines[1]
+    crash = target_lines("crash", [_row("inferplane", 1.0, 1.0, broken=1)])
+    assert "MISS" in crash[0]
+    md = table(rows)
+    assert len(md) == 2 + len(rows) and md[2].startswith("| inferplane | 3.000 |")
