@@ -217,14 +217,20 @@ class EngineDriver:
         self._kick()
 
     def restart(self) -> None:
-        """Crash and restart cold: in-flight requests fail, KV cleared, weights reload."""
-        self._crash_pending = False
+        """Crash and restart cold: in-flight requests fail, KV cleared, weights reload.
+
+        Every request still streaming fails, even one the model completed while catching
+        up to ``now`` (those tokens are dropped with ``_crash_pending`` set): once the
+        engine dies nothing it had not yet sent reaches a client.
+        """
+        self._crash_pending = True
         now = self.model_now()
         self._dispatch(self.model.reset(now, cold=True))
-        for stream in list(self._streams.values()):  # anything the model did not report
+        for stream in list(self._streams.values()):
             failed = RequestFinished(now, stream.request_id, FinishReason.ERROR, 0, 0, 0)
-            stream._finish(failed)
+            self._on_finished(failed, self.loop_time())
         self._streams.clear()
+        self._crash_pending = False
         self._dispatch(self.model.start_loading(now))
         self._kick()
 
