@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit fast bench-calibration bench-fleet bench-gateway clean
+.PHONY: demo test lint typecheck unit fast bench-calibration bench-fleet bench-gateway bench-peers clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,11 @@ bench-fleet: $(STAMP)
 
 bench-gateway: $(STAMP)
 	$(BIN)/python bench/gateway_overhead.py
+
+# The peer scoreboard (issue 8): installs the peers into bench/results/cache/venvs on first use.
+# QUICK=1 runs the ~3-minute version.
+bench-peers: $(STAMP)
+	$(BIN)/python bench/peers.py $(if $(QUICK),--quick)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
