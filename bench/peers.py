@@ -23,8 +23,6 @@ import json
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from peerlib import gateways as gw
 from peerlib import workloads as wl
+from peerlib.overhead import measure_overhead, overhead_lines
+from peerlib.procs import FleetProc, run_load
 from peerlib.report import not_run_lines, table, target_lines
-from peerlib.stats import Row, RunInfo, prefix_counts, summarize
+from peerlib.stats import Row, RunInfo, summarize
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -82,78 +82,6 @@ def role_load(args: argparse.Namespace) -> None:
 
 
 # ---- orchestration helpers ----------------------------------------------------------------
-
-
-class FleetProc:
-    def __init__(self, args: argparse.Namespace, workdir: Path) -> None:
-        out = workdir / "fleet.json"
-        out.unlink(missing_ok=True)
-        cmd = [
-            sys.executable,
-            str(HERE),
-            "--role",
-            "fleet",
-            "--out",
-            str(out),
-            "--engines",
-            str(args.engines),
-            "--time-scale",
-            str(args.time_scale),
-            "--seed",
-            str(args.seed),
-        ]
-        log = (gw.LOGS / "fleet.log").open("ab")
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=log, stderr=log)
-        deadline = time.monotonic() + 60
-        while not out.exists() or not out.read_text():
-            if time.monotonic() > deadline or self.proc.poll() is not None:
-                self.stop()
-                raise RuntimeError("the emulated fleet did not start (see cache/logs/fleet.log)")
-            time.sleep(0.1)
-        self.endpoints: list[dict[str, Any]] = json.loads(out.read_text())
-
-    @property
-    def urls(self) -> list[str]:
-        return [e["url"] for e in self.endpoints]
-
-    def prefix_counts(self) -> tuple[float, float]:
-        hits = queries = 0.0
-        for url in self.urls:
-            try:
-                with urllib.request.urlopen(url + "/metrics", timeout=5) as resp:
-                    h, q = prefix_counts(resp.read().decode())
-            except OSError:
-                continue
-            hits, queries = hits + h, queries + q
-        return hits, queries
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            assert self.proc.stdin is not None
-            self.proc.stdin.close()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-
-
-def run_load(spec: dict[str, Any], workdir: Path, timeout_s: float) -> dict[str, Any]:
-    spec_path, out_path = workdir / "load-spec.json", workdir / "load-out.json"
-    spec_path.write_text(json.dumps(spec))
-    out_path.unlink(missing_ok=True)
-    cmd = [
-        sys.executable,
-        str(HERE),
-        "--role",
-        "load",
-        "--spec",
-        str(spec_path),
-        "--out",
-        str(out_path),
-    ]
-    subprocess.run(cmd, check=True, timeout=timeout_s)
-    return dict(json.loads(out_path.read_text()))
 
 
 def chat_bodies(scale: wl.Scale, seed: int, count: int = 64) -> list[dict[str, Any]]:
@@ -235,103 +163,6 @@ def run_cell(
         flush=True,
     )
     return row
-
-
-def _closed(
-    url: str, key: str | None, stream: bool, args: argparse.Namespace, workdir: Path
-) -> dict[str, Any]:
-    body = {
-        "model": "llama-3-8b",
-        "messages": [{"role": "user", "content": "hello"}],
-        "stream": stream,
-    }
-    spec = {
-        "mode": "closed",
-        "urls": [url],
-        "bodies": [body],
-        "concurrency": 64,
-        "api_key": key,
-        "warmup_s": 1.0,
-        "window_s": 2.0 if args.quick else 4.0,
-    }
-    return run_load(spec, workdir, 60)
-
-
-def measure_overhead(
-    args: argparse.Namespace, specs: list[gw.GatewaySpec], not_run: dict[str, str], workdir: Path
-) -> list[dict[str, Any]]:
-    """Trivial backend: direct, then through each gateway (interleaved), same client."""
-    port = gw.free_port()
-    backend = subprocess.Popen(
-        [
-            sys.executable,
-            str(ROOT / "bench" / "gateway_overhead.py"),
-            "--role",
-            "backend",
-            "--port",
-            str(port),
-        ]
-    )
-    direct = f"http://127.0.0.1:{port}/v1/chat/completions"
-    endpoint = {
-        "name": "b0",
-        "url": f"http://127.0.0.1:{port}",
-        "kind": "openai",
-        "gpu": "h100",
-        "price_per_hour_usd": 2.0,
-        "models": ["llama-3-8b"],
-    }
-    rows = []
-    try:
-        time.sleep(1.5)
-        for spec in specs:
-            if spec.label in not_run:
-                continue
-            try:
-                running = gw.start(spec, [endpoint], workdir)
-            except gw.PeerUnavailable as exc:
-                not_run[spec.label] = str(exc)
-                continue
-            try:
-                row: dict[str, Any] = {"gateway": spec.label}
-                for stream in (False, True):
-                    d = _closed(direct, None, stream, args, workdir)
-                    g = _closed(running.url, running.api_key, stream, args, workdir)
-                    tag = "stream" if stream else "plain"
-                    row[tag] = {
-                        "direct": d,
-                        "gateway": g,
-                        "ratio": g["calls_s"] / d["calls_s"] if d["calls_s"] else None,
-                    }
-            finally:
-                running.stop()
-            rows.append(row)
-            print(f"  overhead {spec.label}: {row['plain']['ratio']}", file=sys.stderr, flush=True)
-    finally:
-        backend.terminate()
-        backend.wait(10)
-    return rows
-
-
-def overhead_lines(rows: list[dict[str, Any]]) -> list[str]:
-    out = [
-        "| gateway | req/s (direct) | ratio | added p50 ms | added p99 ms "
-        "| stream req/s | stream ratio |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        p, s = r["plain"], r["stream"]
-
-        def added(key: str, m: dict[str, Any] = p) -> str:
-            a, b = m["gateway"][key], m["direct"][key]
-            return "-" if a is None or b is None else f"{1e3 * (a - b):+.1f}"
-
-        out.append(
-            f"| {r['gateway']} | {p['gateway']['calls_s']:.0f} ({p['direct']['calls_s']:.0f})"
-            f" | {p['ratio'] or 0:.3f}x | {added('p50_s')} | {added('p99_s')} "
-            f"| {s['gateway']['calls_s']:.0f} | {s['ratio'] or 0:.3f}x |"
-        )
-    return out
 
 
 def install_all(specs: list[gw.GatewaySpec]) -> dict[str, str]:

@@ -1,0 +1,93 @@
+"""Child processes of the scoreboard: the emulated fleet and the load generator.
+
+Both are ``bench/peers.py`` itself with another ``--role``, so each runs on its own
+event loop, apart from the orchestrator and the gateway under test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from peerlib import gateways as gw
+from peerlib.stats import prefix_counts
+
+PEERS = Path(__file__).resolve().parents[1] / "peers.py"
+
+
+class FleetProc:
+    def __init__(self, args: argparse.Namespace, workdir: Path) -> None:
+        out = workdir / "fleet.json"
+        out.unlink(missing_ok=True)
+        cmd = [
+            sys.executable,
+            str(PEERS),
+            "--role",
+            "fleet",
+            "--out",
+            str(out),
+            "--engines",
+            str(args.engines),
+            "--time-scale",
+            str(args.time_scale),
+            "--seed",
+            str(args.seed),
+        ]
+        log = (gw.LOGS / "fleet.log").open("ab")
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=log, stderr=log)
+        deadline = time.monotonic() + 60
+        while not out.exists() or not out.read_text():
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                self.stop()
+                raise RuntimeError("the emulated fleet did not start (see cache/logs/fleet.log)")
+            time.sleep(0.1)
+        self.endpoints: list[dict[str, Any]] = json.loads(out.read_text())
+
+    @property
+    def urls(self) -> list[str]:
+        return [e["url"] for e in self.endpoints]
+
+    def prefix_counts(self) -> tuple[float, float]:
+        hits = queries = 0.0
+        for url in self.urls:
+            try:
+                with urllib.request.urlopen(url + "/metrics", timeout=5) as resp:
+                    h, q = prefix_counts(resp.read().decode())
+            except OSError:
+                continue
+            hits, queries = hits + h, queries + q
+        return hits, queries
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+def run_load(spec: dict[str, Any], workdir: Path, timeout_s: float) -> dict[str, Any]:
+    spec_path, out_path = workdir / "load-spec.json", workdir / "load-out.json"
+    spec_path.write_text(json.dumps(spec))
+    out_path.unlink(missing_ok=True)
+    cmd = [
+        sys.executable,
+        str(PEERS),
+        "--role",
+        "load",
+        "--spec",
+        str(spec_path),
+        "--out",
+        str(out_path),
+    ]
+    subprocess.run(cmd, check=True, timeout=timeout_s)
+    return dict(json.loads(out_path.read_text()))
