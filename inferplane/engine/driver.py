@@ -80,8 +80,8 @@ class RequestStream:
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    def _push(self, token_ids: tuple[int, ...]) -> None:
-        self.num_tokens += len(token_ids)
+    def _push(self, token_ids: Sequence[int]) -> None:
+        """Deliver tokens (already counted in ``num_tokens`` by the driver)."""
         if self.sink is not None:
             self.sink(token_ids)
             return
@@ -280,17 +280,20 @@ class EngineDriver:
                 self.restart()
 
     def _dispatch(self, events: Sequence[EngineEvent]) -> None:
+        """Fan ``events`` out; tokens are delivered once per stream at the end, so a driver
+        that caught up several steps at once writes one chunk per stream, not one per step."""
         kv_events: list[KVEvent] = []
         streams = self._streams
         metrics = self.metrics
         offset = self._offset_s
+        batch: dict[str, tuple[RequestStream, list[int]]] = {}
         for event in events:
             kind = type(event)
             if self._crash_pending and kind in (TokensGenerated, RequestFinished):
                 continue  # the engine died at the crash point: later results never happen
             if kind is TokensGenerated:
                 assert isinstance(event, TokensGenerated)
-                self._on_tokens(event, event.time_s + offset)
+                self._on_tokens(event, event.time_s + offset, batch)
             elif kind is RequestFinished:
                 assert isinstance(event, RequestFinished)
                 self._on_finished(event, event.time_s + offset)
@@ -305,10 +308,14 @@ class EngineDriver:
                 kv_events.append(event)
             elif kind is StateChanged:
                 pass  # the state is read from the model when asked
+        for stream, tokens in batch.values():
+            stream._push(tokens)
         if kv_events and self.kv_sink is not None:
             self.kv_sink(self.wall_time_s(), kv_events)
 
-    def _on_tokens(self, event: TokensGenerated, when: float) -> None:
+    def _on_tokens(
+        self, event: TokensGenerated, when: float, batch: dict[str, tuple[RequestStream, list[int]]]
+    ) -> None:
         stream = self._streams.get(event.request_id)
         if stream is None:
             return
@@ -324,7 +331,12 @@ class EngineDriver:
         if limit is not None and stream.num_tokens + len(tokens) >= limit:
             tokens = tokens[: max(0, limit - stream.num_tokens)]
             self._crash_pending = True
-        stream._push(tokens)
+        stream.num_tokens += len(tokens)
+        entry = batch.get(event.request_id)
+        if entry is None:
+            batch[event.request_id] = (stream, list(tokens))
+        else:
+            entry[1].extend(tokens)
 
     def _on_finished(self, event: RequestFinished, when: float) -> None:
         stream = self._streams.pop(event.request_id, None)
