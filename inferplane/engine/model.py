@@ -10,6 +10,7 @@ virtual clock. Times are seconds on the caller's clock.
     model.submit(EngineRequest(...), now)          # queue (ValueError if it can never run)
     events = model.advance(now)                    # run every step that ends at or before now
     t = model.next_event_time()                    # next step end / loading end; None if idle
+    t = model.next_wake_time()                     # the same, leaping over quiet decode steps
     events = model.abort(request_id, now)          # RequestFinished(ABORT), blocks freed
     events = model.reset(now, cold=True)           # crash: in-flight ERROR, cache cleared, COLD
     events = model.start_loading(now)              # COLD -> LOADING -> READY after load time
@@ -148,6 +149,50 @@ class EngineModel:
         if self._step is None and self._start_s is not None:
             self._plan(self._start_s)
         return None if self._step is None else self._step.end_s
+
+    def next_wake_time(self) -> float | None:
+        """When the caller next *needs* to advance: like :meth:`next_event_time`, but over a
+        pure-decode stretch it leaps to the end of the step where the first request finishes.
+
+        A stretch qualifies when the current step decodes every running request, nothing
+        waits, every request runs to its length (``ignore_eos``, so no early stop) and the
+        free blocks cover every block the stretch allocates (no preemption): then the steps
+        up to that finish produce only KV events and non-first tokens, and their end times
+        follow from the batch alone (the same sums, in the same order, as stepping). The
+        engine still runs every step, lazily, when the caller next advances it or calls a
+        verb with ``now``; a submit before the leap's end simply changes what follows.
+        """
+        end_s = self.next_event_time()
+        step = self._step
+        if end_s is None or step is None or self.state is not EngineState.READY:
+            return end_s
+        sched = self._sched
+        running = sched.running
+        if (
+            step.num_prefill_seqs
+            or sched.num_waiting
+            or len(step.seqs) != len(running)
+            or step.num_decode_seqs != len(running)
+        ):
+            return end_s
+        bs, remaining, need = self._pool.block_size, None, 0
+        for seq in running:
+            if not seq.request.ignore_eos:
+                return end_s
+            left = seq.max_len - len(seq.token_ids)  # tokens still to come, this step's first
+            remaining = left if remaining is None or left < remaining else remaining
+        if remaining is None or remaining <= 1:
+            return end_s
+        for seq in running:  # blocks the next ``remaining - 1`` steps allocate
+            need += max(0, -(-(seq.num_computed + remaining) // bs) - len(seq.block_ids))
+        if need > self._pool.num_free:
+            return end_s
+        num_seqs, context = step.num_decode_seqs, step.decode_context_tokens
+        step_time_s, t = self.perf.step_time_s, end_s
+        for _ in range(remaining - 1):
+            context += num_seqs
+            t = t + self._scaled(step_time_s(num_seqs, context, 0, 0, 0, 0.0))
+        return t
 
     def abort(self, request_id: str, now: float) -> list[EngineEvent]:
         """Cancel a request: RequestFinished(ABORT) and its blocks freed; no-op if unknown."""

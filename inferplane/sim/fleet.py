@@ -120,6 +120,10 @@ class Fleet:
         config = base.model_copy(update={"name": f"{base.name}+{n}"})
         return self._add(config, EngineState.COLD, now)
 
+    def scrape_due(self, now: float) -> bool:
+        """Whether :meth:`views` at ``now`` takes a fresh scrape."""
+        return now - self._last_scrape_s >= self.scrape_interval_s
+
     def views(self, now: float) -> list[EndpointView]:
         """Snapshots for the router: scraped load (refreshed when due) and in-flight counts."""
         if now - self._last_scrape_s >= self.scrape_interval_s:

@@ -30,6 +30,7 @@ class Call:
         "call_id",
         "completion",
         "ctx",
+        "dispatch_s",
         "endpoint",
         "engine_id",
         "first_token_s",
@@ -55,7 +56,8 @@ class Call:
         self.cached = self.completion = 0
         self.keys: tuple[int, ...] | None = None  # prompt block keys, when a policy needs them
         self.ctx: CallContext | None = None  # what admission and routing saw, this attempt
-        self.queue_s = 0.0  # in the admission queue, all attempts
+        self.queue_s = 0.0  # waiting: admission queue plus engine queue, all attempts
+        self.dispatch_s = 0.0  # when the current attempt reached its engine
 
     @property
     def request_id(self) -> str:

@@ -45,7 +45,7 @@ class CallRecord:
     outcome: Outcome
     attempts: int
     reason: str = ""  # why it failed or was rejected
-    queue_s: float = 0.0  # time spent in the gateway's admission queue, all attempts
+    queue_s: float = 0.0  # waiting for service: gateway queue plus engine queue, all attempts
 
     @property
     def ttft_s(self) -> float | None:

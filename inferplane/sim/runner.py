@@ -38,6 +38,7 @@ from inferplane.engine.types import (
     EngineState,
     FinishReason,
     RequestFinished,
+    RequestScheduled,
     StateChanged,
     TokensGenerated,
 )
@@ -54,6 +55,9 @@ from inferplane.sim.sources import build_sources
 from inferplane.sim.workload import CallSpec
 
 EMIT_TOKENS = False
+#: Wake an engine only when it next finishes a request (``next_wake_time``), not every step;
+#: engines are brought up to date before anything reads them (scrape, prefix index).
+FAST_FORWARD = True
 _PROGRESS_EVERY = 4096
 _SUCCESS = (FinishReason.STOP, FinishReason.LENGTH)
 _ENGINE_TO_VIEW = {
@@ -170,7 +174,7 @@ class Simulation:
         call.engine_id = f"c{call.call_id}.{call.attempt}"
         ctx = call.ctx = self._context(call, call.info.targets[0], now)
         self.q.push(now + call.info.timeout_s, EventKind.TIMEOUT, (call, call.attempt))
-        views = self.fleet.views(now)
+        views = self._views(now)
         decision = self.gate.admit(ctx, self._pool(views, ctx.model), now)
         if isinstance(decision, Reject):
             self._attempt_failed(call, now, Outcome.REJECTED, decision.code, decision.retry_after_s)
@@ -189,7 +193,7 @@ class Simulation:
         """Route an admitted call on current state and submit it to that engine."""
         ctx = call.ctx
         assert ctx is not None
-        views = self.fleet.views(now) if views is None else views
+        views = self._views(now) if views is None else views
         ranked: tuple[str, ...] = ()
         for target in call.info.targets:
             c = ctx if target == ctx.model else dataclasses.replace(ctx, model=target)
@@ -219,6 +223,7 @@ class Simulation:
         if self.kv is not None:
             self.kv.routed(ep.name, ctx.prompt_block_keys, now)
         ep.in_flight += 1
+        call.dispatch_s = now
         call.endpoint = ep
         self._by_engine_id[call.engine_id] = call
         self.ledger.start(call, ep.name, now)
@@ -240,7 +245,7 @@ class Simulation:
             return  # superseded by an earlier poll, which rescheduled
         self._poll_at = None
         now = self.q.now_s
-        views = self.fleet.views(now)
+        views = self._views(now)
         self._exits(self.gate.poll(now, lambda model: self._pool(views, model)), now)
         self._schedule_poll(None)
 
@@ -287,8 +292,16 @@ class Simulation:
         self._handle(ep, ep.engine.advance(now, emit_tokens=EMIT_TOKENS))
         self._wake(ep, now)
 
+    def _views(self, now: float) -> list[EndpointView]:
+        """The router's snapshots; leaping engines first catch up with what it reads."""
+        if FAST_FORWARD and (self.kv is not None or self.fleet.scrape_due(now)):
+            for ep in self.fleet.endpoints:
+                self._handle(ep, ep.engine.advance(now, emit_tokens=EMIT_TOKENS))
+        return self.fleet.views(now)
+
     def _wake(self, ep: SimEndpoint, now: float) -> None:
-        t = ep.engine.next_event_time()
+        engine = ep.engine
+        t = engine.next_wake_time() if FAST_FORWARD else engine.next_event_time()
         if t is None:
             return
         t = max(t, now)
@@ -304,6 +317,10 @@ class Simulation:
             if kind in KV_EVENT_TYPES:
                 if kv is not None:
                     kv.append(to_core(ev))
+            elif kind is RequestScheduled:
+                call = by_id.get(ev.request_id)  # type: ignore[union-attr]
+                if call is not None:  # engine queue time joins the gateway's
+                    call.queue_s += ev.time_s - call.dispatch_s
             elif kind is TokensGenerated:
                 call = by_id.get(ev.request_id)  # type: ignore[union-attr]
                 if call is not None and call.first_token_s is None:
@@ -406,7 +423,8 @@ class Simulation:
             return
         for name in action.endpoints:
             ep = self.fleet.by_name[name]
-            if action.kind is ActionKind.SLOW:
+            if action.kind is ActionKind.SLOW:  # steps up to now keep the old speed
+                self._handle(ep, ep.engine.advance(now, emit_tokens=EMIT_TOKENS))
                 ep.engine.slowdown = action.factor
             elif action.kind is ActionKind.CRASH:
                 self._handle(ep, ep.engine.reset(now, cold=True))
@@ -420,6 +438,8 @@ class Simulation:
         waiting = running = 0
         kv: list[float] = []
         for ep in self.fleet.endpoints:
+            if FAST_FORWARD:
+                self._handle(ep, ep.engine.advance(now, emit_tokens=EMIT_TOKENS))
             stats = ep.engine.stats()
             waiting += stats.num_waiting
             running += stats.num_running
