@@ -93,6 +93,8 @@ _VOCAB_SEED = 20_240_601
 _PIECE_RE = re.compile(r" ?[A-Za-z]+| ?[0-9]+|\s|[^\sA-Za-z0-9]")
 _NUM_TEXT_TOKENS = VOCAB_SIZE - FIRST_TEXT_TOKEN_ID
 _UNKNOWN_CACHE_SIZE = 100_000
+_MEMO_ENTRIES = 512
+_MEMO_MAX_CHARS = 32_768
 
 
 class TemplateError(ValueError):
@@ -143,6 +145,7 @@ class Tokenizer:
         )
         self._piece_to_id = {p: i for i, p in enumerate(pieces) if i >= FIRST_TEXT_TOKEN_ID}
         self._unknown_cache: dict[str, int] = {}
+        self._memo = functools.lru_cache(maxsize=_MEMO_ENTRIES)(self._encode_tuple)
 
     # -- encoding ---------------------------------------------------------------------
 
@@ -174,15 +177,24 @@ class Tokenizer:
         """Token ids of ``text``; the first word takes an implicit leading space.
 
         ``add_special_tokens`` prepends ``<bos>`` (what vLLM does for a raw prompt).
+        Texts up to 32K characters are memoised (bounded LRU): chat histories and system
+        prompts come back with every turn.
         """
+        memo = len(text) <= _MEMO_MAX_CHARS
+        ids = list(self._memo(text)) if memo else self._encode(text)
+        return [BOS_TOKEN_ID, *ids] if add_special_tokens else ids
+
+    def _encode_tuple(self, text: str) -> tuple[int, ...]:
+        return tuple(self._encode(text))
+
+    def _encode(self, text: str) -> list[int]:
         pieces = self._split(text)
         if pieces and pieces[0][0].isalnum():
             pieces[0] = " " + pieces[0]
         known = self._piece_to_id.get
         unknown = self._unknown_id
         # known ids are >= FIRST_TEXT_TOKEN_ID, never 0, so `or` only falls through on None
-        ids = [known(p) or unknown(p) for p in pieces]
-        return [BOS_TOKEN_ID, *ids] if add_special_tokens else ids
+        return [known(p) or unknown(p) for p in pieces]
 
     # -- decoding ---------------------------------------------------------------------
 

@@ -48,7 +48,7 @@ def test_any_text_tokenizes_into_the_vocabulary_deterministically(text: str) -> 
     tok = get_tokenizer()
     ids = tok.encode(text)
     assert all(FIRST_TEXT_TOKEN_ID <= i < VOCAB_SIZE for i in ids)
-    assert ids == tok.encode(text)
+    assert ids == tok.encode(text) == tok._encode(text)  # memoised or not, the same ids
     assert (len(ids) == 0) == (text == "")
 
 
