@@ -69,3 +69,21 @@ def test_fleet_thread_serves_sync_callers_and_stops_cleanly() -> None:
 def test_a_failing_engine_stops_the_ones_already_started() -> None:
     with pytest.raises((KeyError, ValueError)):
         FleetThread([EngineSpec(), EngineSpec(model="no-such-model", name_prefix="bad")]).start()
+
+
+def test_engine_cli_flags_map_to_the_engine_config() -> None:
+    from inferplane.cli import build_parser
+    from inferplane.engine.cli import _config
+
+    args = build_parser().parse_args(
+        ["engine", "--model", "llama-3-70b", "--gpu", "h200", "--tp", "2", "--port", "0",
+         "--time-scale", "10", "--kv-events-port", "0", "--kv-encoding", "map",
+         "--cold-start", "--crash-after-tokens", "7", "--error-rate", "0.25"]
+    )  # fmt: skip
+    config = _config(args)
+    assert (config.model, config.gpu, config.tensor_parallel) == ("llama-3-70b", "h200", 2)
+    assert config.time_scale == 10 and config.cold_start and config.kv_events
+    assert config.kv_encoding is KVEncoding.MAP and config.kv_replay_port is None
+    assert config.faults.crash_after_tokens == 7 and config.faults.error_rate == 0.25
+    with pytest.raises(ValueError):
+        _config(build_parser().parse_args(["engine", "--error-rate", "2"]))
