@@ -11,7 +11,7 @@ import yaml
 from inferplane.gateway.metrics import GatewayMetrics
 
 ROOT = Path(__file__).resolve().parent.parent
-_NAME = re.compile(r"\binferplane_[a-z_]+")
+_NAME = re.compile(r"\binferplane_[a-z0-9_]+")
 
 
 def _documented() -> set[str]:
