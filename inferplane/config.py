@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from inferplane.core.routing_config import RoutingConfig
 from inferplane.core.types import EndpointInfo, EngineKind, PriorityClass
 
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
@@ -38,6 +39,15 @@ class KVEventsConfig(_Frozen):
     topic: str = ""
 
 
+class EmulatedConfig(_Frozen):
+    """The endpoint is an inferplane emulated engine: its tokenizer (the built-in one) and
+    its performance profile are known, so the gateway can hash prompts into the same KV
+    blocks the engine caches and start its latency predictor from the engine's own model."""
+
+    time_scale: float = Field(default=1.0, gt=0)
+    engine_model: str | None = None  # the profile's model name, when served under another
+
+
 class EndpointConfig(_Frozen):
     """One engine replica."""
 
@@ -53,6 +63,7 @@ class EndpointConfig(_Frozen):
     metrics_path: str = "/metrics"
     health_path: str = "/health"
     kv_events: KVEventsConfig | None = None
+    emulated: EmulatedConfig | None = None
 
     def info(self) -> EndpointInfo:
         """The endpoint's identity as the policy core sees it."""
@@ -161,6 +172,7 @@ class FleetConfig(_Frozen):
     gateway: GatewayConfig = GatewayConfig()
     endpoints: Endpoints
     routes: tuple[ModelRouteConfig, ...] = ()
+    routing: RoutingConfig = RoutingConfig()
 
     @model_validator(mode="after")
     def _check_references(self) -> FleetConfig:

@@ -119,6 +119,10 @@ class EngineHandle:
             "price_per_hour_usd": self.price_per_hour_usd,
             "region": self.spec.region,
             "max_model_len": self.server.model.max_model_len,
+            "emulated": {
+                "time_scale": self.spec.time_scale,
+                "engine_model": self.spec.model if self.spec.served_model_name else None,
+            },
         }
         if self.kv_events_endpoint is not None:
             entry["kv_events"] = {

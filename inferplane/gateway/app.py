@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
-import random
 from collections.abc import Callable
 from typing import Any
 
@@ -25,9 +25,6 @@ from aiohttp import web
 
 from inferplane.config import FleetConfig
 from inferplane.core.accounting import TaskOutcome
-from inferplane.core.affinity import AffinityTable
-from inferplane.core.predictor import LatencyPredictor
-from inferplane.core.routing import route
 from inferplane.core.types import CallContext, EndpointState
 from inferplane.gateway.context import (
     ApiKind,
@@ -38,10 +35,11 @@ from inferplane.gateway.context import (
     parse_json_object,
     upstream_body,
 )
-from inferplane.gateway.errors import ApiError, error_response
+from inferplane.gateway.errors import ApiError, error_response, from_http_exception
 from inferplane.gateway.metrics import CONTENT_TYPE
 from inferplane.gateway.proxy import Candidate, Exchange, Proxy
 from inferplane.gateway.recorder import Recorder
+from inferplane.gateway.router import GatewayRouter
 from inferplane.gateway.tracker import EndpointTracker
 
 log = logging.getLogger("inferplane.gateway")
@@ -57,7 +55,6 @@ class Gateway:
     def __init__(self, config: FleetConfig) -> None:
         self.config = config
         self._auth = Authenticator(config.gateway.auth)
-        self._rng = random.Random(config.gateway.seed)
         self._retries = config.gateway.retries_before_first_byte
         self._in_flight = 0
         self._models_body = orjson.dumps(
@@ -70,10 +67,9 @@ class Gateway:
             }
         )
         self._fallback = {r.name: r.allow_fallback for r in config.routes}
-        # Long-lived routing state: the predictor keeps its (cached) priors across calls and
-        # the affinity table remembers which endpoint served each workflow's last step.
-        self._predictor = LatencyPredictor()
-        self._affinity = AffinityTable(ttl_s=config.gateway.workflow_idle_ttl_s)
+        # Long-lived routing state: predictor, workflow affinity, prefix index, KV events.
+        self.router = GatewayRouter(config, config.gateway.seed)
+        self._call_ids = itertools.count()
         self._tasks: list[asyncio.Task[None]] = []
         self.clock: Callable[[], float] = _no_clock
         self.session: aiohttp.ClientSession | None = None
@@ -123,6 +119,7 @@ class Gateway:
         )
         self.proxy = Proxy(self.session, self.tracker, gw.timeouts, self._retries, self.clock)
         await self.tracker.start(self.session)
+        self.router.start()
         self._tasks.append(asyncio.create_task(self._expire_loop()))
         log.info("gateway started", extra={"endpoints": len(infos), "ready": self._num_ready()})
 
@@ -132,6 +129,7 @@ class Gateway:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
+        await self.router.stop()
         if self.session is not None:
             await self.tracker.stop()
             await self.session.close()
@@ -160,7 +158,7 @@ class Gateway:
                 self.recorder.reject(None, err.status, err.code or err.error_type, self.clock())
             return error_response(err)
         except web.HTTPException as exc:
-            http_err = _from_http(exc)
+            http_err = from_http_exception(exc)
             code = http_err.code or http_err.error_type
             self.recorder.reject(None, http_err.status, code, self.clock())
             return error_response(http_err)
@@ -213,8 +211,9 @@ class Gateway:
 
     def _plan(
         self, ctx: RequestContext, raw: bytes, body: dict[str, Any]
-    ) -> tuple[list[Candidate], str]:
-        """Ranked endpoints to try (over the model's targets, in order) and why."""
+    ) -> tuple[list[Candidate], dict[str, CallContext], str]:
+        """Ranked endpoints to try (over the model's targets, in order), the call as each
+        endpoint's target model sees it, and why."""
         targets = self.config.targets_for(ctx.model)
         if not targets:
             raise ApiError(
@@ -222,33 +221,30 @@ class Gateway:
                 code="model_not_found",
             )  # fmt: skip
         now = self.clock()
+        prompt = self.router.prompt_keys(ctx.path, body, targets)
         candidates: list[Candidate] = []
+        calls: dict[str, CallContext] = {}
         reasons: list[str] = []
         for target in targets:
             call = CallContext(
                 request_id=ctx.request_id, tenant=ctx.tenant, model=target,
                 priority=ctx.priority, arrival_s=ctx.arrival_s,
-                num_prompt_tokens=ctx.num_prompt_tokens, max_tokens=ctx.max_tokens,
-                deadline_s=ctx.deadline_s, ttft_budget_s=ctx.ttft_budget_s,
-                workflow_id=ctx.workflow_id, workflow_step=ctx.workflow_step,
-                workflow_steps=ctx.workflow_steps, stream=ctx.stream,
+                num_prompt_tokens=prompt.num_tokens or ctx.num_prompt_tokens,
+                max_tokens=ctx.max_tokens, deadline_s=ctx.deadline_s,
+                ttft_budget_s=ctx.ttft_budget_s, workflow_id=ctx.workflow_id,
+                workflow_step=ctx.workflow_step, workflow_steps=ctx.workflow_steps,
+                stream=ctx.stream, prompt_block_keys=prompt.keys,
             )  # fmt: skip
-            decision = route(
-                call,
-                self.tracker.views(now, target),
-                now,
-                self._rng,
-                predictor=self._predictor,
-                affinity_endpoint=self._affinity.get(ctx.workflow_id, now),
-            )
+            decision = self.router.route(call, self.tracker.views(now, target), now)
             reasons.append(f"{target}: {decision.reason}" if len(targets) > 1 else decision.reason)
             if decision.ranked:
                 data = upstream_body(raw, body, target, ctx.stream)
                 for name in decision.names():
                     candidates.append(Candidate(name, self.tracker.info(name).url + ctx.path, data))
+                    calls.setdefault(name, call)
             if len(candidates) > self._retries or not self._fallback.get(ctx.model, True):
                 break
-        return candidates, "; ".join(reasons)
+        return candidates, calls, "; ".join(reasons)
 
     async def _generate(self, request: web.Request, path: str) -> web.StreamResponse:
         ctx, raw, body = await self._read_context(request, path)
@@ -258,7 +254,7 @@ class Gateway:
                     429, "gateway is at its in-flight limit", code="gateway_overloaded",
                     headers={"Retry-After": "1"},
                 )  # fmt: skip
-            candidates, reason = self._plan(ctx, raw, body)
+            candidates, calls, reason = self._plan(ctx, raw, body)
             if not candidates:
                 raise ApiError(
                     503, f"no endpoint can take model '{ctx.model}' now ({reason})",
@@ -269,26 +265,38 @@ class Gateway:
             err.headers["X-Request-Id"] = ctx.request_id
             self.recorder.reject(ctx, err.status, err.code or err.error_type, self.clock())
             raise
-        return await self._proxy_call(request, ctx, candidates, reason)
+        return await self._proxy_call(request, ctx, candidates, calls, reason)
 
     async def _proxy_call(
-        self, request: web.Request, ctx: RequestContext, candidates: list[Candidate], reason: str
+        self,
+        request: web.Request,
+        ctx: RequestContext,
+        candidates: list[Candidate],
+        calls: dict[str, CallContext],
+        reason: str,
     ) -> web.StreamResponse:
-        ex = Exchange()
+        router, key = self.router, str(next(self._call_ids))
+        sent_at: list[float] = [ctx.arrival_s]
+        ex = Exchange(on_first_token=lambda t: router.on_first_token(key, t - sent_at[0], t))
         cost: list[float] = []
 
         def finish(done: Exchange) -> float:
             if not cost:
                 now = self.clock()
                 cost.append(self.recorder.finish(ctx, done, reason, now))
-                if ctx.workflow_id is not None and done.completed and done.endpoint:
-                    self._affinity.record(ctx.workflow_id, done.endpoint, now)
+                ok = done.completed and done.endpoint is not None
+                usage = (done.prompt_tokens, done.cached_tokens) if ok else None
+                router.on_finish(key, now, tpot_s=done.tpot_s(), usage=usage)
+                if ok and done.endpoint is not None:
+                    router.remember_workflow(ctx.workflow_id, done.endpoint, now)
             return cost[0]
 
         def on_attempt(endpoint: str, retry_reason: str | None) -> None:
+            now = sent_at[0] = self.clock()
             if retry_reason is not None:
                 self.recorder.on_retry(retry_reason)
-            self.recorder.on_attempt(ctx, endpoint, self.clock())
+            self.recorder.on_attempt(ctx, endpoint, now)
+            router.on_dispatch(key, calls[endpoint], self.tracker.view(endpoint, now), now)
 
         self._in_flight += 1
         try:
@@ -327,6 +335,9 @@ class Gateway:
         now = self.clock()
         t = self.tracker
         self.recorder.metrics.refresh_endpoints((n, t.state(n), t.in_flight(n)) for n in t.names())
+        self.recorder.metrics.refresh_routing(
+            self.router.kv_event_status(), self.router.prefix_stats()
+        )
         self.recorder.refresh_spend(now)
         return web.Response(
             body=self.recorder.metrics.render(), headers={"Content-Type": CONTENT_TYPE}
@@ -338,6 +349,7 @@ class Gateway:
         body = {
             "in_flight": self._in_flight,
             "endpoints": self.tracker.stats(now),
+            "routing": self.router.stats(),
             "accounting": self.recorder.snapshot(now),
         }
         return web.Response(body=orjson.dumps(body), content_type="application/json")
@@ -359,20 +371,6 @@ class Gateway:
 
 def _no_clock() -> float:
     raise RuntimeError("the gateway has not started")
-
-
-def _from_http(exc: web.HTTPException) -> ApiError:
-    status = exc.status
-    if status == 413:
-        return ApiError(413, "request body too large", code="body_too_large")
-    if status == 405:
-        allow = exc.headers.get("Allow", "")
-        return ApiError(
-            405, "method not allowed", code="method_not_allowed", headers={"Allow": allow}
-        )
-    if status == 404:
-        return ApiError(404, "no such endpoint", code="unknown_url")
-    return ApiError(status, exc.reason or "request failed", code="http_error")
 
 
 async def start_server(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:

@@ -34,11 +34,17 @@ SUMMARY_EVERY_S = 3.0
 
 
 def demo_specs(time_scale: float) -> list[EngineSpec]:
-    """Six engines: the 8B model on H100 and on cheaper A100, the 70B on H200 (TP2)."""
+    """Six engines: the 8B model on H100 and on cheaper A100, the 70B on H200 (TP2).
+
+    Every engine publishes its KV-cache events, so the gateway routes on exactly what each
+    one caches (precise prefix-aware routing)."""
     return [
-        EngineSpec(model=SMALL_MODEL, gpu="h100", count=2, time_scale=time_scale, seed=1),
-        EngineSpec(model=SMALL_MODEL, gpu="a100", count=2, time_scale=time_scale, seed=2),
-        EngineSpec(model=BIG_MODEL, gpu="h200", count=2, time_scale=time_scale, seed=3),
+        EngineSpec(model=m, gpu=g, count=2, time_scale=time_scale, kv_events=True, seed=seed)
+        for m, g, seed in (
+            (SMALL_MODEL, "h100", 1),
+            (SMALL_MODEL, "a100", 2),
+            (BIG_MODEL, "h200", 3),
+        )
     ]
 
 

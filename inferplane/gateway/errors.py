@@ -90,3 +90,18 @@ def sse_error_event(
 ) -> bytes:
     """An SSE ``data:`` event carrying an error object, for failures after a stream began."""
     return b"data: " + error_body(message, error_type, None, code) + b"\n\n"
+
+
+def from_http_exception(exc: web.HTTPException) -> ApiError:
+    """An aiohttp HTTP exception (413, 405, 404, ...) as an OpenAI-style error."""
+    status = exc.status
+    if status == 413:
+        return ApiError(413, "request body too large", code="body_too_large")
+    if status == 405:
+        allow = exc.headers.get("Allow", "")
+        return ApiError(
+            405, "method not allowed", code="method_not_allowed", headers={"Allow": allow}
+        )
+    if status == 404:
+        return ApiError(404, "no such endpoint", code="unknown_url")
+    return ApiError(status, exc.reason or "request failed", code="http_error")

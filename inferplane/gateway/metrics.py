@@ -1,9 +1,10 @@
 """The gateway's own Prometheus metrics (prefix ``inferplane_``), one registry per app.
 
 Latency histograms per model and priority class (TTFT, time between tokens, end to end),
-request and reject counters, token counters, per-endpoint state and in-flight gauges, and the
-fleet spend from the accountant. Per-endpoint and spend gauges are refreshed when /metrics is
-scraped (``refresh``), so the request path only pays for a few histogram observations.
+request and reject counters, token counters, per-endpoint state and in-flight gauges, the
+fleet spend from the accountant, KV-event links and prefix-routing figures. Gauges are
+refreshed when /metrics is scraped (``refresh_*``), so the request path only pays for a few
+histogram observations.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ _LATENCY_BUCKETS_S = (
 )  # fmt: skip
 _TBT_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 5.0)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_KV_KINDS = ("messages", "events_applied", "gaps", "gaps_healed", "messages_lost", "clears")
 
 
 class GatewayMetrics:
@@ -80,6 +82,20 @@ class GatewayMetrics:
             registry=r,
         )  # fmt: skip
 
+        self.kv_connected = Gauge(
+            "inferplane_kv_events_connected", "1 while the KV-event subscription is connected.",
+            ("endpoint",), registry=r,
+        )  # fmt: skip
+        self.kv_counts = Gauge(
+            "inferplane_kv_events", "KV-event subscription counters, by kind.",
+            ("endpoint", "kind"), registry=r,
+        )  # fmt: skip
+        self.prefix = Gauge(
+            "inferplane_prefix", "Prefix routing: calls keyed, calls routed onto a cached "
+            "prefix, tokens predicted cached vs reported by engines, index size.",
+            ("kind",), registry=r,
+        )  # fmt: skip
+
     def count_request(self, model: str, priority: str, status: str) -> None:
         key = (model, priority, status)
         child = self._requests.get(key)
@@ -125,6 +141,20 @@ class GatewayMetrics:
             for s in EndpointState:
                 self.endpoint_state.labels(name, s.value).set(1.0 if s is state else 0.0)
             self.endpoint_in_flight.labels(name).set(in_flight)
+
+    def refresh_routing(
+        self, kv_events: Mapping[str, Mapping[str, Any]], prefix: Mapping[str, Any]
+    ) -> None:
+        """KV-event links (``GatewayRouter.kv_event_status``) and prefix-hit figures."""
+        for name, row in kv_events.items():
+            self.kv_connected.labels(name).set(1.0 if row["state"] == "connected" else 0.0)
+            for kind in _KV_KINDS:
+                self.kv_counts.labels(name, kind).set(row[kind])
+        for kind, value in prefix.items():
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                self.prefix.labels(kind).set(value)
+        for kind, value in prefix.get("index", {}).items():
+            self.prefix.labels(f"index_{kind}").set(value)
 
     def refresh_spend(
         self, spend_usd: Mapping[str, float], tasks: Mapping[str, int], cost_per_success: float

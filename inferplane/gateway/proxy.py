@@ -50,6 +50,20 @@ class Exchange:
     last_chunk_s: float | None = None
     completed: bool = False
     tbt_s: list[float] | None = None
+    #: Called once with the time the first token arrived (the predictor learns TTFT).
+    on_first_token: Callable[[float], None] | None = None
+
+    def first_token(self, now: float) -> None:
+        self.first_token_s = now
+        if self.on_first_token is not None:
+            self.on_first_token(now)
+
+    def tpot_s(self) -> float | None:
+        """Mean time per output token after the first, when measurable."""
+        if self.first_token_s is None or self.last_chunk_s is None or self.completion_tokens < 2:
+            return None
+        span_s = self.last_chunk_s - self.first_token_s
+        return span_s / (self.completion_tokens - 1) if span_s > 0 else None
 
 
 #: Called once when the call is over; returns its cost in USD (None when unknown).
@@ -195,7 +209,8 @@ class Proxy:
         if not isinstance(payload, dict):
             raise ApiError(502, "engine returned invalid JSON", code="upstream_garbage")
         read_usage(payload.get("usage"), ex)
-        ex.first_token_s = ex.last_chunk_s = self._clock()
+        ex.first_token(self._clock())
+        ex.last_chunk_s = ex.first_token_s
         ex.status, ex.completed = 200, True
         headers = {"X-Inferplane-Endpoint": ex.endpoint or "", "X-Request-Id": ctx.request_id}
         cost = finish(ex)
@@ -319,7 +334,7 @@ class _EventFilter:
         ex = self.ex
         choices = obj.get("choices")
         if ex.first_token_s is None and _has_token(choices):
-            ex.first_token_s = now
+            ex.first_token(now)
         usage = obj.get("usage")
         if usage is not None:
             read_usage(usage, ex)

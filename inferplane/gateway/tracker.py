@@ -125,6 +125,14 @@ class EndpointTracker:
             out.append(EndpointView(t.info, t.state, load, t.in_flight, t.state_since_s))
         return out
 
+    def view(self, name: str, now: float) -> EndpointView:
+        """One endpoint's snapshot (as in :meth:`views`)."""
+        t = self._eps[name]
+        load = t.load
+        if load.observed_at_s is not None and now - load.observed_at_s > self._cfg.stale_after_s:
+            load = EndpointLoad(observed_at_s=load.observed_at_s)
+        return EndpointView(t.info, t.state, load, t.in_flight, t.state_since_s)
+
     def acquire(self, name: str) -> None:
         self._eps[name].in_flight += 1
 
