@@ -156,7 +156,9 @@ class ResponseCache:
 
     def _semantic(self) -> tuple[Embedder, SemanticIndex]:
         if self._embedder is None:
-            self._embedder = MiniLmEmbedder()
+            # One torch thread: on a busy gateway host, threaded inference fights the event
+            # loop and other embeddings (measured 6x slower per sentence at 2 threads, 2 cores).
+            self._embedder = MiniLmEmbedder(num_threads=1)
         if self._index is None:
             self._index = SemanticIndex(
                 self._embedder.dim,
