@@ -99,7 +99,7 @@ class Ledger:
                 call.call_id, call.info.name, call.info.priority, spec.task_id, spec.step,
                 spec.steps, call.arrival_s, call.first_token_s if ok else None,
                 now if ok else None, len(spec.prompt_token_ids), call.cached, call.completion,
-                endpoint, outcome, call.attempt, reason,
+                endpoint, outcome, call.attempt, reason, call.queue_s,
             )
         )  # fmt: skip
         if outcome is Outcome.UNFINISHED:
