@@ -28,9 +28,10 @@ package and an endpoint; tests use the in-memory exporter.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
+from aiohttp import web
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -43,11 +44,14 @@ from opentelemetry.util.types import AttributeValue
 from pydantic import BaseModel, ConfigDict, Field
 
 from inferplane.core.types import RouteDecision
+from inferplane.gateway.errors import ApiError
 
-__all__ = ["CallSpan", "GatewayTracer", "TracingConfig"]
+__all__ = ["TRACER_KEY", "CallSpan", "GatewayTracer", "TracingConfig", "setup_tracing"]
 
 _PROPAGATOR = TraceContextTextMapPropagator()
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _MAX_RANKED = 8  # endpoints whose scores go on the route span (bounded attributes)
+_TRACED_PREFIX = "/v1/"
 _HOPS = frozenset({"authenticate", "context", "cache", "admit", "queue", "account", "stream"})
 
 
@@ -213,3 +217,40 @@ def _otlp(endpoint: str) -> SpanExporter:
         ) from exc
     exporter: SpanExporter = OTLPSpanExporter(endpoint=endpoint)
     return exporter
+
+
+#: The app's tracer, for the handlers and the proxy: ``request.app[TRACER_KEY]``.
+TRACER_KEY = web.AppKey("inferplane_tracer", GatewayTracer)
+
+
+def setup_tracing(app: web.Application, config: TracingConfig) -> GatewayTracer:
+    """Open the root span of every ``/v1/`` call in a middleware; returns the tracer.
+
+    The middleware sits inside the error middleware, so it sees the handler's ``ApiError``
+    (recorded as a rejection with its code) before it becomes an error response. Hops inside
+    the call use ``request.app[TRACER_KEY]``. The provider is shut down with the app.
+    """
+    tracer = GatewayTracer(config)
+    app[TRACER_KEY] = tracer
+
+    @web.middleware
+    async def trace_calls(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if not tracer.enabled or not request.path.startswith(_TRACED_PREFIX):
+            return await handler(request)
+        request_id = request.headers.get("X-Request-Id", "")
+        with tracer.call(request.headers, request_id, request.path) as call:
+            try:
+                response = await handler(request)
+            except ApiError as err:
+                call.reject(err.status, err.code or err.error_type)
+                raise
+            call.set(endpoint=response.headers.get("X-Inferplane-Endpoint"))
+            call.finish(response.status)
+            return response
+
+    async def shutdown(app: web.Application) -> None:
+        tracer.shutdown()
+
+    app.middlewares.append(trace_calls)
+    app.on_cleanup.append(shutdown)
+    return tracer

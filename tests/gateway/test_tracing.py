@@ -195,3 +195,41 @@ def test_sampling_ratio_zero_drops_new_traces_but_follows_a_sampled_parent() -> 
     with tracer.call({"traceparent": TRACEPARENT}, "r", "/x"), tracer.hop("admit"):
         pass
     assert {s.name for s in exporter.get_finished_spans()} == {"inferplane.call", "admit"}
+
+
+async def test_middleware_traces_gateway_calls_and_rejections() -> None:
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from inferplane.gateway.app import Gateway, start_server
+    from inferplane.gateway.tracing import setup_tracing
+    from tests.gateway.fakes import fake_engines, fleet_config
+
+    async with fake_engines(1) as engines:
+        gateway = Gateway(fleet_config(engines))
+        app = gateway.build_app()
+        tracer = setup_tracing(app, TracingConfig(enabled=True))
+        exporter = InMemorySpanExporter()
+        tracer.provider.add_span_processor(SimpleSpanProcessor(exporter))
+        runner, port = await start_server(app, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{port}"
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+        try:
+            async with aiohttp.ClientSession() as s:
+                async with s.post(
+                    url + "/v1/chat/completions", json=body, headers={"traceparent": TRACEPARENT}
+                ) as r:
+                    assert r.status == 200
+                async with s.post(url + "/v1/chat/completions", json={**body, "model": "x"}) as r:
+                    assert r.status == 404
+                async with s.get(url + "/health") as r:
+                    assert r.status == 200
+        finally:
+            await runner.cleanup()
+    ok, rejected = sorted(exporter.get_finished_spans(), key=lambda s: s.start_time or 0)
+    assert f"{ok.context.trace_id:032x}" == CLIENT_TRACE
+    assert (ok.attributes or {})["http.response.status_code"] == 200
+    assert (ok.attributes or {})["inferplane.endpoint"] == engines[0].name
+    assert ok.status.status_code is StatusCode.UNSET
+    assert rejected.parent is None and rejected.status.status_code is StatusCode.ERROR
+    assert (rejected.attributes or {})["inferplane.reject.reason"] == "model_not_found"
