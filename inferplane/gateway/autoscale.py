@@ -29,18 +29,16 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Gauge
-from pydantic import BaseModel, ConfigDict, Field
 
 from inferplane.core.autoscaler import (
     Autoscaler,
     AutoscalerState,
-    PoolPolicy,
     PoolSignal,
     ScaleDecision,
 )
 from inferplane.core.types import EndpointState, EndpointView
 from inferplane.engine.server import EngineConfig, EngineServer
-from inferplane.engine.sizing import gpu_option
+from inferplane.gateway.observability_config import AutoscaleConfig, PoolScaleConfig
 
 if TYPE_CHECKING:
     from inferplane.gateway.app import Gateway
@@ -59,46 +57,6 @@ __all__ = [
     "Slot",
     "setup_autoscaling",
 ]
-
-
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class PoolScaleConfig(_Frozen):
-    """One pool (a served model) and how it may be sized."""
-
-    model: str = Field(min_length=1)
-    gpus: tuple[str, ...] = Field(min_length=1)  # GPU types it may run on
-    min_replicas: int = Field(default=1, ge=0)
-    max_replicas: int = Field(default=8, ge=0)
-    target_utilisation: float = Field(default=0.7, gt=0, le=1)
-    scale_down_window_s: float = Field(default=300.0, ge=0)
-    scale_down_cooldown_s: float = Field(default=120.0, ge=0)
-
-
-class AutoscaleConfig(_Frozen):
-    """The ``autoscale`` section: off by default."""
-
-    enabled: bool = False
-    tick_s: float = Field(default=15.0, gt=0)
-    time_scale: float = Field(default=1.0, gt=0)  # the emulated engines' (sizing): slow-down
-    pools: tuple[PoolScaleConfig, ...] = ()
-
-    def policies(self) -> list[PoolPolicy]:
-        return [
-            PoolPolicy(
-                pool=p.model,
-                options=tuple(gpu_option(p.model, g, time_scale=self.time_scale) for g in p.gpus),
-                min_replicas=p.min_replicas,
-                max_replicas=p.max_replicas,
-                target_utilisation=p.target_utilisation,
-                scale_down_window_s=p.scale_down_window_s,
-                scale_down_cooldown_s=p.scale_down_cooldown_s,
-                tick_s=self.tick_s,
-            )
-            for p in self.pools
-        ]
 
 
 class DesiredReplicasGauge:

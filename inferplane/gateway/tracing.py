@@ -41,10 +41,10 @@ from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.trace import NonRecordingSpan, Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import AttributeValue
-from pydantic import BaseModel, ConfigDict, Field
 
 from inferplane.core.types import RouteDecision
 from inferplane.gateway.errors import ApiError
+from inferplane.gateway.observability_config import TracingConfig
 
 __all__ = ["TRACER_KEY", "CallSpan", "GatewayTracer", "TracingConfig", "setup_tracing"]
 
@@ -53,17 +53,6 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _MAX_RANKED = 8  # endpoints whose scores go on the route span (bounded attributes)
 _TRACED_PREFIX = "/v1/"
 _HOPS = frozenset({"authenticate", "context", "cache", "admit", "queue", "account", "stream"})
-
-
-class TracingConfig(BaseModel):
-    """The ``tracing`` section."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    enabled: bool = False
-    service_name: str = "inferplane-gateway"
-    sample_ratio: float = Field(default=1.0, ge=0, le=1)  # for calls with no sampled parent
-    otlp_endpoint: str | None = None  # e.g. http://collector:4318/v1/traces; None: no export
 
 
 class CallSpan:

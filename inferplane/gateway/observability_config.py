@@ -1,0 +1,76 @@
+"""Configuration of the observability and control-loop features: tracing and autoscaling.
+
+Frozen pydantic models with defaults (both features off), light enough for the config tree
+to import: nothing here pulls in aiohttp, OpenTelemetry or the engine. The modules that use
+them (``gateway.tracing``, ``gateway.autoscale``) re-export them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+if TYPE_CHECKING:
+    from inferplane.core.autoscaler import PoolPolicy
+
+__all__ = ["AutoscaleConfig", "PoolScaleConfig", "TracingConfig"]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class TracingConfig(_Frozen):
+    """The ``tracing`` section."""
+
+    enabled: bool = False
+    service_name: str = "inferplane-gateway"
+    sample_ratio: float = Field(default=1.0, ge=0, le=1)  # for calls with no sampled parent
+    otlp_endpoint: str | None = None  # e.g. http://collector:4318/v1/traces; None: no export
+
+
+class PoolScaleConfig(_Frozen):
+    """One pool (a served model) and how it may be sized."""
+
+    model: str = Field(min_length=1)
+    gpus: tuple[str, ...] = Field(min_length=1)  # GPU types it may run on
+    min_replicas: int = Field(default=1, ge=0)
+    max_replicas: int = Field(default=8, ge=0)
+    target_utilisation: float = Field(default=0.7, gt=0, le=1)
+    scale_down_window_s: float = Field(default=300.0, ge=0)
+    scale_down_cooldown_s: float = Field(default=120.0, ge=0)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> PoolScaleConfig:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError("min_replicas must be <= max_replicas")
+        return self
+
+
+class AutoscaleConfig(_Frozen):
+    """The ``autoscale`` section: off by default."""
+
+    enabled: bool = False
+    tick_s: float = Field(default=15.0, gt=0)
+    time_scale: float = Field(default=1.0, gt=0)  # the emulated engines' (sizing): slow-down
+    pools: tuple[PoolScaleConfig, ...] = ()
+
+    def policies(self) -> list[PoolPolicy]:
+        """The core's pool policies, GPU options sized from the engine profiles."""
+        from inferplane.core.autoscaler import PoolPolicy
+        from inferplane.engine.sizing import gpu_option
+
+        return [
+            PoolPolicy(
+                pool=p.model,
+                options=tuple(gpu_option(p.model, g, time_scale=self.time_scale) for g in p.gpus),
+                min_replicas=p.min_replicas,
+                max_replicas=p.max_replicas,
+                target_utilisation=p.target_utilisation,
+                scale_down_window_s=p.scale_down_window_s,
+                scale_down_cooldown_s=p.scale_down_cooldown_s,
+                tick_s=self.tick_s,
+            )
+            for p in self.pools
+        ]
