@@ -45,6 +45,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("inferplane.gateway.autoscale")
 
+#: Tokens a call waiting at an engine stands for in the backlog (prompt plus output of a
+#: typical call; the gateway does not see the engines' queues call by call).
+TOKENS_PER_WAITING_CALL = 1000.0
+
 #: Where ``setup_autoscaling`` leaves its controller once the app has started.
 CONTROLLER_KEY = web.AppKey("inferplane_autoscale", dict)
 
@@ -240,6 +244,12 @@ class AutoscaleController:
         self._last_s: float | None = None
 
     def sense(self, now: float) -> list[PoolSignal]:
+        """One signal per pool over the window since the last call.
+
+        Tokens are those of calls that finished in the window (the gateway counts them at the
+        end); SLO attainment is the share of calls answered 200 (a proxy: latency SLOs are
+        not counted per call in the registry yet).
+        """
         window_s = self.config.tick_s if self._last_s is None else max(1e-3, now - self._last_s)
         self._last_s = now
         views = self._views(now)
@@ -268,7 +278,7 @@ class AutoscaleController:
                     window_s=window_s,
                     tokens=tokens - prev[0],
                     requests=int(done),
-                    backlog_tokens=1000.0 * waiting,
+                    backlog_tokens=TOKENS_PER_WAITING_CALL * waiting,
                     slo_attainment=None if done <= 0 else min(1.0, (ok - prev[1]) / done),
                     serving=serving,
                     starting=starting,
