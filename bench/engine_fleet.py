@@ -12,7 +12,7 @@ For each time scale it reports:
   model's scheduled event time) over the window, as a share of the window; mean and max
   over the engines. The model keeps its own timeline (steps run back to back), so lag
   is how late tokens leave the engine compared to when the modelled GPU made them;
-* mean / max wake-up lateness in ms, and the engine process's CPU use.
+* mean / max lateness of a due wake-up in ms, and the engine process's CPU use.
 
 Target (issue 2): lag under 5% for 16 saturated engines at time scale 10.
 
@@ -161,7 +161,7 @@ def _probe_process(start: float, end: float, out: Any) -> None:
 
 def _snapshot(fleet: Fleet) -> tuple[list[float], list[int], list[int], int, float]:
     lateness = [e.server.driver.total_lateness_s for e in fleet.engines]
-    wakeups = [e.server.driver.num_wakeups for e in fleet.engines]
+    wakeups = [e.server.driver.num_due_wakeups for e in fleet.engines]
     tokens = [e.server.model.stats().generation_tokens_total for e in fleet.engines]
     return lateness, wakeups, tokens, sum(tokens), time.process_time()
 

@@ -135,6 +135,7 @@ class EngineDriver:
         self._crash_pending = False
         self._started_s = 0.0
         self.num_wakeups = 0
+        self.num_due_wakeups = 0  # wake-ups that found a model event due (not early kicks)
         self.num_late_wakeups = 0
         self.total_lateness_s = 0.0
         self.max_lateness_s = 0.0
@@ -267,6 +268,7 @@ class EngineDriver:
             self.num_wakeups += 1
             if due_real is not None and now >= due_real:
                 lateness = now - due_real
+                self.num_due_wakeups += 1
                 self.total_lateness_s += lateness
                 self.max_lateness_s = max(self.max_lateness_s, lateness)
                 self.num_late_wakeups += lateness > 0.001
