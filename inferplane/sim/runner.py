@@ -44,7 +44,7 @@ from inferplane.engine.types import (
 )
 from inferplane.sim.baselines import CORE_ROUTED, Inferplane, make_policy, needs_block_keys
 from inferplane.sim.events import EventKind, EventQueue
-from inferplane.sim.faults import ActionKind, FaultAction, expand
+from inferplane.sim.faults import expand
 from inferplane.sim.fleet import Fleet, SimEndpoint
 from inferplane.sim.gate import make_gate
 from inferplane.sim.kvfeed import KV_EVENT_TYPES, KVFeed, to_core
@@ -52,6 +52,7 @@ from inferplane.sim.ledger import Call, Ledger
 from inferplane.sim.records import Outcome, RunResult, Sample
 from inferplane.sim.scenario import Scenario
 from inferplane.sim.sources import build_sources
+from inferplane.sim.upkeep import Upkeep
 from inferplane.sim.workload import CallSpec
 
 EMIT_TOKENS = False
@@ -69,7 +70,7 @@ _ENGINE_TO_VIEW = {
 ProgressFn = Callable[[float], None]
 
 
-class Simulation:
+class Simulation(Upkeep):
     """Runs one policy over one scenario; ``run()`` once, then read the ``RunResult``."""
 
     def __init__(
@@ -292,6 +293,12 @@ class Simulation:
         self._handle(ep, ep.engine.advance(now, emit_tokens=EMIT_TOKENS))
         self._wake(ep, now)
 
+    def _advance(self, ep: SimEndpoint, now: float) -> None:
+        self._handle(ep, ep.engine.advance(now, emit_tokens=EMIT_TOKENS))
+
+    def _leaping(self) -> bool:
+        return FAST_FORWARD
+
     def _views(self, now: float) -> list[EndpointView]:
         """The router's snapshots; leaping engines first catch up with what it reads."""
         if FAST_FORWARD and (self.kv is not None or self.fleet.scrape_due(now)):
@@ -410,61 +417,6 @@ class Simulation:
             self._new_call(nxt[1], call.source, now + nxt[0], refill=False)
         else:
             self.ledger.task_ended(call, now, cut=True)  # its next call would start too late
-
-    # -- faults and samples -----------------------------------------------------------------
-
-    def _on_fault(self, action: FaultAction) -> None:
-        now = self.q.now_s
-        if action.kind is ActionKind.SCALE_OUT:
-            for template in action.endpoints:
-                ep = self.fleet.add_replica(template, now)
-                self._handle(ep, ep.engine.start_loading(now))
-                self._wake(ep, now)
-            return
-        for name in action.endpoints:
-            ep = self.fleet.by_name[name]
-            if action.kind is ActionKind.SLOW:  # steps up to now keep the old speed
-                self._handle(ep, ep.engine.advance(now, emit_tokens=EMIT_TOKENS))
-                ep.engine.slowdown = action.factor
-            elif action.kind is ActionKind.CRASH:
-                self._handle(ep, ep.engine.reset(now, cold=True))
-                self.ledger.accountant.on_endpoint_state(ep.name, EndpointState.COLD, now)
-            elif ep.engine.state is EngineState.COLD:  # RESTART
-                self._handle(ep, ep.engine.start_loading(now))
-            self._wake(ep, now)
-
-    def _on_sample(self, _: object = None) -> None:
-        now = self.q.now_s
-        waiting = running = 0
-        kv: list[float] = []
-        for ep in self.fleet.endpoints:
-            if FAST_FORWARD:
-                self._handle(ep, ep.engine.advance(now, emit_tokens=EMIT_TOKENS))
-            stats = ep.engine.stats()
-            waiting += stats.num_waiting
-            running += stats.num_running
-            kv.append(stats.kv_usage)
-        self._schedule_poll(now)  # a fresh scrape may show capacity the queue waits for
-        spend = self.ledger.accountant.snapshot(now).fleet_spend_usd + self._extra_spend(now)
-        self._samples.append(
-            Sample(
-                now,
-                waiting,
-                running,
-                len(self._by_engine_id),
-                tuple(kv),
-                spend,
-                self.ledger.tasks["success"],
-            )
-        )
-        nxt = now + self.scenario.sample_every_s()
-        if nxt <= self.end_s:
-            self.q.push(nxt, EventKind.SAMPLE)
-
-    def _extra_spend(self, now: float) -> float:
-        """Spend of scale-out replicas, which the accountant's fixed fleet does not hold."""
-        extra = self.fleet.endpoints[self._base_endpoints :]
-        return sum(ep.info.price_per_hour_usd * (now - ep.provisioned_s) / 3600 for ep in extra)
 
     def _finish(self) -> RunResult:
         end = min(max(self.q.now_s, self.duration_s), self.end_s)
