@@ -38,7 +38,8 @@ from peerlib.stats import Row, RunInfo, summarize
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 HERE = Path(__file__).resolve()
-DEFAULT_GATEWAYS = "inferplane,sglang-router,vllm-router,litellm,sglang-router:round_robin"
+DEFAULT_GATEWAYS = "inferplane,sglang-router,vllm-router,litellm"
+QUICK_GATEWAYS = "inferplane,sglang-router"
 
 
 # ---- roles run in child processes ----------------------------------------------------------
@@ -129,7 +130,7 @@ def run_cell(
     try:
         running = gw.start(spec, fleet.endpoints, workdir)
         try:
-            drain_s = 15.0 if args.quick else 45.0
+            drain_s = 10.0 if args.quick else 20.0
             load = {
                 "url": running.url,
                 "api_key": running.api_key,
@@ -181,7 +182,7 @@ def install_all(specs: list[gw.GatewaySpec]) -> dict[str, str]:
 
 
 def write_outputs(doc: dict[str, Any], lines: list[str]) -> Path:
-    stem = RESULTS / f"peers-{doc['date']}"
+    stem = RESULTS / f"peers-{doc['date']}{doc['args'].get('tag') or ''}"
     RESULTS.mkdir(parents=True, exist_ok=True)
     stem.with_suffix(".json").write_text(json.dumps(doc, indent=1))
     plotter = gw.VENVS / "matplotlib" / "bin" / "python"
@@ -246,7 +247,7 @@ def orchestrate(args: argparse.Namespace) -> None:
     capacity = measure_capacity(args, workdir)
     print(f"capacity: {capacity}", file=sys.stderr, flush=True)
     scale = wl.Scale(
-        args.duration_s or (10.0 if args.quick else 30.0),
+        args.duration_s or (8.0 if args.quick else 20.0),
         capacity["tok_s"],
         args.time_scale,
         args.engines,
@@ -307,7 +308,12 @@ def main() -> None:
     p.add_argument("--out", default="")
     p.add_argument("--spec", default="")
     p.add_argument("--quick", action="store_true", help="short runs (~3 minutes) for iteration")
-    p.add_argument("--gateways", default=DEFAULT_GATEWAYS)
+    p.add_argument(
+        "--gateways",
+        default=None,
+        help=f"default: {DEFAULT_GATEWAYS} (--quick: {QUICK_GATEWAYS}); extra rows: "
+        "sglang-router:round_robin, vllm-router:power_of_two, ...",
+    )
     p.add_argument("--workloads", default=",".join(k.value for k in wl.WorkloadKind))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--engines", type=int, default=8)
@@ -315,7 +321,10 @@ def main() -> None:
     p.add_argument("--duration-s", type=float, default=None)
     p.add_argument("--capacity-streams", type=int, default=24)
     p.add_argument("--skip-overhead", action="store_true")
+    p.add_argument("--tag", default="", help="suffix of the result files (peers-<date><tag>)")
     args = p.parse_args()
+    if args.gateways is None:
+        args.gateways = QUICK_GATEWAYS if args.quick else DEFAULT_GATEWAYS
     if args.role == "fleet":
         role_fleet(args)
     elif args.role == "load":

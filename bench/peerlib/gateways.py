@@ -249,8 +249,14 @@ def start(
         cmd, health = _inferplane_cmd(engines, port, workdir), f"{base}/ready"
     elif spec.kind is GatewayKind.LITELLM:
         cmd, health = _litellm_cmd(python, urls, port, workdir), f"{base}/health/liveliness"
+        # Offline machine: without these, LiteLLM retries a tokenizer download from the
+        # model hub for ~20 s on every call whose model name looks like llama-3.
         env.update(
-            LITELLM_MASTER_KEY=MASTER_KEY, LITELLM_LOCAL_MODEL_COST_MAP="True", LITELLM_LOG="ERROR"
+            LITELLM_MASTER_KEY=MASTER_KEY,
+            LITELLM_LOCAL_MODEL_COST_MAP="True",
+            LITELLM_LOG="ERROR",
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
         )
         api_key = MASTER_KEY
     else:
