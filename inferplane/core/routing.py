@@ -41,7 +41,8 @@ from inferplane.core.scorers import (
     budget_use,
     explain,
     load_of,
-    score_totals,
+    score_columns,
+    weighted_totals,
 )
 from inferplane.core.types import (
     AxisScore,
@@ -132,7 +133,8 @@ def route(
     )
     pool = PoolStats.of(ctx, candidates)
     active = active_axes(cfg.weights_for(model))
-    totals = score_totals(ctx, pool, candidates, active)
+    columns = score_columns(ctx, pool, candidates, active)
+    totals = weighted_totals(candidates, active, columns)
     order = _pick(totals, rng, cfg.softmax_temperature)
     by_name = {v.info.name: v for v in candidates}
     ranked = tuple(
@@ -145,7 +147,10 @@ def route(
         )
         for i, n in enumerate(order)
     )
-    return RouteDecision(ranked, _reason(ranked[0], refused + dropped, cfg.softmax_temperature))
+    column = next(i for i, v in enumerate(candidates) if v.info.name == order[0])
+    best = [(axis.name, scores[column]) for (axis, _), scores in zip(active, columns, strict=True)]
+    why = _reason(ranked[0], best, refused + dropped, cfg.softmax_temperature)
+    return RouteDecision(ranked, why)
 
 
 def _shared_predictor(cfg: RoutingConfig) -> LatencyPredictor:
@@ -217,9 +222,14 @@ def _refusals(refused: Sequence[tuple[str, str]]) -> str:
     return f"; filtered {listed}" + (f" (+{more} more)" if more > 0 else "")
 
 
-def _reason(primary: RankedEndpoint, refused: Sequence[tuple[str, str]], temp: float) -> str:
-    best = sorted(primary.axes, key=lambda a: -a.score)[:3]
-    axes = ", ".join(f"{a.axis} {a.score:.2f}" for a in best)
+def _reason(
+    primary: RankedEndpoint,
+    axis_scores: Sequence[tuple[str, float]],
+    refused: Sequence[tuple[str, str]],
+    temp: float,
+) -> str:
+    best = sorted(axis_scores, key=lambda a: -a[1])[:3]
+    axes = ", ".join(f"{axis} {score:.2f}" for axis, score in best)
     picker = f"softmax T={temp:g}" if temp > 0 else "max score"
     return f"{picker}: {primary.name} {primary.score:.2f} ({axes}){_refusals(refused)}"
 

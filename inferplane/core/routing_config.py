@@ -73,8 +73,9 @@ class RoutingConfig(_Frozen):
     pool_weights: dict[str, ScorerWeights] = Field(default_factory=dict)
     #: 0: max score with a random tie-break; > 0: the primary is drawn with softmax(score / T).
     softmax_temperature: float = Field(default=0.0, ge=0)
-    #: Ranked endpoints whose per-axis scores and reasons are built (the rest: totals only).
-    explain_top: int = Field(default=1, ge=1)
+    #: Ranked endpoints whose per-axis scores and reasons are built; the rest carry their
+    #: total only. The decision's reason names the primary's best axes either way.
+    explain_top: int = Field(default=0, ge=0)
     block_size: int = Field(default=16, ge=1)  # tokens per prefix-index block
     #: An affine endpoint keeps its bonus while its extra wait over the least-waiting
     #: candidate is at most ``affinity_penalty_ratio`` x the prefill time its cache saves.

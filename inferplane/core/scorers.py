@@ -368,20 +368,35 @@ def active_axes(weights: ScorerWeights | Mapping[str, float]) -> ActiveAxes:
     return tuple((a, w) for a in AXES if (w := weights.get(a.name, 0.0)) > 0)
 
 
-def score_totals(
+def score_columns(
     ctx: ScoringContext, pool: PoolStats, views: Sequence[EndpointView], active: ActiveAxes
+) -> list[list[float]]:
+    """The hot path: per active axis, the endpoints' scores in [0, 1] (no reasons)."""
+    columns = []
+    for axis, _ in active:
+        scores = axis.numbers(ctx, pool, views)
+        columns.append([s if 0.0 <= s <= 1.0 else _clamp(s) for s in scores])
+    return columns
+
+
+def weighted_totals(
+    views: Sequence[EndpointView], active: ActiveAxes, columns: Sequence[Sequence[float]]
 ) -> dict[str, float]:
-    """The hot path: per endpoint, the weighted mean score in [0, 1] (no reasons)."""
+    """Per endpoint, the weighted mean of its axis scores, in [0, 1]."""
     total_w = sum(w for _, w in active)
     if total_w <= 0:
         return {v.name: 0.0 for v in views}
     raw = [0.0] * len(views)
-    for axis, w in active:
-        scores = axis.numbers(ctx, pool, views)
-        raw = [
-            r + (s if 0.0 <= s <= 1.0 else _clamp(s)) * w for r, s in zip(raw, scores, strict=True)
-        ]
+    for (_, w), scores in zip(active, columns, strict=True):
+        raw = [r + s * w for r, s in zip(raw, scores, strict=True)]
     return {v.info.name: min(1.0, max(0.0, r / total_w)) for v, r in zip(views, raw, strict=True)}
+
+
+def score_totals(
+    ctx: ScoringContext, pool: PoolStats, views: Sequence[EndpointView], active: ActiveAxes
+) -> dict[str, float]:
+    """Per endpoint, the weighted mean score in [0, 1] (no reasons)."""
+    return weighted_totals(views, active, score_columns(ctx, pool, views, active))
 
 
 def explain(

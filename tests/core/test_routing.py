@@ -37,7 +37,7 @@ def _route(views: list[EndpointView], seed: int = 1, **kw: object) -> RouteDecis
 
 def test_filtered_endpoints_are_never_ranked_and_are_explained() -> None:
     views = [view("a"), view("cold", state=EndpointState.COLD), view("x", model="other")]
-    decision = _route(views)
+    decision = _route(views, config=RoutingConfig(explain_top=1))
     assert decision.names() == ("a",)
     assert "cold: state cold" in decision.reason
     assert all(a.reason for a in decision.ranked[0].axes)
@@ -48,7 +48,11 @@ def test_filtered_endpoints_are_never_ranked_and_are_explained() -> None:
 
 def test_prefix_holder_wins_and_matcher_is_asked() -> None:
     matcher = FixedMatcher({"holder": 100})
-    decision = _route([view("a"), view("holder"), view("b")], prefix_index=matcher)
+    decision = _route(
+        [view("a"), view("holder"), view("b")],
+        prefix_index=matcher,
+        config=RoutingConfig(explain_top=1),
+    )
     assert decision.primary == "holder"
     assert matcher.calls == 1
     kv = {a.axis: a.score for a in decision.ranked[0].axes}["kv_cache"]
@@ -252,9 +256,12 @@ def test_burst_on_one_prefix_spills_once_the_holder_queues() -> None:
 def test_only_the_top_ranked_are_explained_and_totals_match_the_axes() -> None:
     views = [view(f"e{i}", in_flight=i, kv=0.1 * i) for i in range(6)]
     lean = _route(views)
-    assert [len(r.axes) for r in lean.ranked] == [8, 0, 0, 0, 0, 0]
+    assert all(not r.axes for r in lean.ranked)
+    top = _route(views, config=RoutingConfig(explain_top=1))
+    assert [len(r.axes) for r in top.ranked] == [8, 0, 0, 0, 0, 0]
     full = _route(views, config=RoutingConfig(explain_top=6))
-    assert full.names() == lean.names()
+    assert full.names() == top.names() == lean.names()
+    assert full.reason == lean.reason  # the reason comes from the numbers, not the words
     weights = RoutingConfig().weights.as_dict()
     for ranked in full.ranked:
         mean = sum(a.score * weights[a.axis] for a in ranked.axes) / sum(weights.values())
