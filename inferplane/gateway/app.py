@@ -67,6 +67,7 @@ class Gateway:
             }
         )
         self._fallback = {r.name: r.allow_fallback for r in config.routes}
+        self._targets = {m: config.targets_for(m) for m in config.model_names()}
         # Long-lived routing state: predictor, workflow affinity, prefix index, KV events.
         self.router = GatewayRouter(config, config.gateway.seed)
         self._call_ids = itertools.count()
@@ -214,7 +215,7 @@ class Gateway:
     ) -> tuple[list[Candidate], dict[str, CallContext], str]:
         """Ranked endpoints to try (over the model's targets, in order), the call as each
         endpoint's target model sees it, and why."""
-        targets = self.config.targets_for(ctx.model)
+        targets = self._targets.get(ctx.model, ())
         if not targets:
             raise ApiError(
                 404, f"the model '{ctx.model}' does not exist", param="model",

@@ -26,6 +26,7 @@ import orjson
 from aiohttp import web
 
 from inferplane.config import TimeoutsConfig
+from inferplane.core.types import PriorityClass
 from inferplane.gateway.context import RequestContext
 from inferplane.gateway.errors import ApiError, is_error_json, sse_error_event
 from inferplane.gateway.tracker import EndpointTracker
@@ -112,8 +113,18 @@ class Proxy:
         self._timeouts = timeouts
         self._retries = retries
         self._clock = clock
+        self._timeout_of: dict[tuple[PriorityClass, bool], aiohttp.ClientTimeout] = {}
 
     def _timeout(self, ctx: RequestContext) -> aiohttp.ClientTimeout:
+        if ctx.deadline_s is None:  # the common case: one shared value per class and mode
+            key = (ctx.priority, ctx.stream)
+            found = self._timeout_of.get(key)
+            if found is None:
+                found = self._timeout_of[key] = self._build_timeout(ctx)
+            return found
+        return self._build_timeout(ctx)
+
+    def _build_timeout(self, ctx: RequestContext) -> aiohttp.ClientTimeout:
         total = self._timeouts.for_class(ctx.priority)
         if ctx.deadline_s is not None:
             total = max(0.001, min(total, ctx.deadline_s - self._clock()))
