@@ -165,3 +165,10 @@ async def test_shared_prefix_lands_on_the_engine_that_caches_it() -> None:
             metrics = await _get(session, url + "/metrics")
             assert f'inferplane_kv_events_connected{{endpoint="{first}"}} 1.0' in metrics
             assert 'inferplane_prefix{kind="calls_on_cached_prefix"} 1.0' in metrics
+
+
+def test_inferplane_up_engines_publish_kv_events() -> None:
+    from inferplane.gateway.demo import demo_specs
+
+    specs = demo_specs(4.0)
+    assert specs and all(s.kv_events and s.time_scale == 4.0 for s in specs)
