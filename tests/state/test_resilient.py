@@ -21,9 +21,9 @@ QUOTA = BucketSpec("q:tenant:acme:requests_per_min", 1000.0, 1000.0 / 60)
 
 def _store(server: PrivateRedis, **kw: float) -> tuple[ResilientStore, list[StoreMode]]:
     modes: list[StoreMode] = []
-    shared = RedisStore(server.url, prefix="t:", op_timeout_s=0.1, connect_timeout_s=0.1)
+    shared = RedisStore(server.url, prefix="t:", op_timeout_s=0.5, connect_timeout_s=0.5)
     store = ResilientStore(
-        shared, op_timeout_s=0.1, on_mode=lambda old, new, why: modes.append(new), **kw
+        shared, op_timeout_s=0.5, on_mode=lambda old, new, why: modes.append(new), **kw
     )
     return store, modes
 
