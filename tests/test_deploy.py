@@ -1,59 +1,115 @@
-"""docs/metrics.md, the Grafana dashboard and the KEDA example agree on metric names."""
+"""The Kubernetes manifests in deploy/: parsed with yaml, references checked (no cluster)."""
 
 from __future__ import annotations
 
-import json
-import re
 from pathlib import Path
+from typing import Any
 
 import yaml
 
-from inferplane.gateway.metrics import GatewayMetrics
+from inferplane.config import parse_config
+from inferplane.gateway.app import Gateway
+from inferplane.state.config import StateBackend, StateConfig
 
-ROOT = Path(__file__).resolve().parent.parent
-_NAME = re.compile(r"\binferplane_[a-z0-9_]+")
-
-
-def _documented() -> set[str]:
-    text = (ROOT / "docs" / "metrics.md").read_text()
-    rows = [line for line in text.splitlines() if line.startswith("| `inferplane_")]
-    return {line.split("`")[1] for line in rows}
+DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 
 
-def _base(name: str) -> str:
-    for suffix in ("_bucket", "_sum", "_count", "_total"):
-        if name.endswith(suffix):
-            return name[: -len(suffix)]
-    return name
+def _docs() -> list[dict[str, Any]]:
+    docs: list[dict[str, Any]] = []
+    for path in sorted(DEPLOY.glob("*.yaml")):
+        docs += [d for d in yaml.safe_load_all(path.read_text()) if d]
+    return docs
 
 
-def test_grafana_dashboard_uses_only_documented_metrics() -> None:
-    dash = json.loads((ROOT / "deploy" / "grafana" / "inferplane-gateway.json").read_text())
-    exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
-    assert len(exprs) >= 15
-    used = {_base(n) for e in exprs for n in _NAME.findall(e)}
-    docs = {_base(n) for n in _documented()}
-    assert used <= docs, used - docs
-    assert len({p["id"] for p in dash["panels"]}) == len(dash["panels"])
-    for needed in ("inferplane_ttft_seconds", "inferplane_cost_per_successful_task_usd",
-                   "inferplane_rejects", "inferplane_desired_replicas"):  # fmt: skip
-        assert needed in used
+def _by_kind(kind: str) -> dict[str, dict[str, Any]]:
+    return {d["metadata"]["name"]: d for d in _docs() if d["kind"] == kind}
 
 
-def test_documented_names_cover_the_gateway_registry() -> None:
-    """Every series the gateway's own registry defines is in the table."""
-    metrics = GatewayMetrics()
-    names = {m.name for m in metrics.registry.collect()}
-    assert names, "no metrics registered"
-    documented = _documented()
-    for name in names:
-        assert name in documented or f"{name}_total" in documented, name
+def _fleet_yaml() -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load(
+        _by_kind("ConfigMap")["inferplane-fleet"]["data"]["fleet.yaml"]
+    )
+    return loaded
 
 
-def test_keda_example_reads_a_documented_metric() -> None:
-    obj = yaml.safe_load((ROOT / "deploy" / "keda" / "scaledobject.yaml").read_text())
-    assert obj["kind"] == "ScaledObject"
-    (trigger,) = obj["spec"]["triggers"]
-    (name,) = set(_NAME.findall(trigger["metadata"]["query"]))
-    assert name in _documented()
-    assert obj["spec"]["minReplicaCount"] <= obj["spec"]["maxReplicaCount"]
+def test_every_object_is_namespaced_and_named() -> None:
+    docs = _docs()
+    assert {d["kind"] for d in docs} >= {
+        "Namespace", "Deployment", "Service", "ConfigMap", "HorizontalPodAutoscaler",
+        "ScaledObject",
+    }  # fmt: skip
+    for d in docs:
+        assert d["apiVersion"] and d["metadata"]["name"]
+        if d["kind"] != "Namespace":
+            assert d["metadata"]["namespace"] == "inferplane", d["metadata"]["name"]
+
+
+def test_services_select_deployment_pods_on_declared_ports() -> None:
+    deployments = _by_kind("Deployment")
+    for name, svc in _by_kind("Service").items():
+        selector = svc["spec"]["selector"]
+        matches = [
+            d
+            for d in deployments.values()
+            if selector.items() <= d["spec"]["template"]["metadata"]["labels"].items()
+        ]
+        assert matches, f"service {name} selects no deployment"
+        ports = {p["name"] for d in matches for c in d["spec"]["template"]["spec"]["containers"]
+                 for p in c.get("ports", [])}  # fmt: skip
+        for port in svc["spec"]["ports"]:
+            assert port["targetPort"] in ports, (name, port)
+    for d in deployments.values():  # a Deployment selects its own template
+        assert d["spec"]["selector"]["matchLabels"].items() <= (
+            d["spec"]["template"]["metadata"]["labels"].items()
+        )
+
+
+def test_gateway_probes_hit_routes_the_gateway_serves_and_configmap_is_mounted() -> None:
+    gw = _by_kind("Deployment")["inferplane-gateway"]
+    pod = gw["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    app = Gateway(parse_config({k: v for k, v in _fleet_yaml().items() if k != "state"}))
+    served = {r.resource.canonical for r in app.build_app().router.routes() if r.resource}
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"]["path"] in served
+        assert container[probe]["httpGet"]["port"] in {p["name"] for p in container["ports"]}
+    assert {"/ready", "/health"} <= {
+        container[p]["httpGet"]["path"] for p in ("readinessProbe", "livenessProbe")
+    }
+    assert (
+        container["resources"]["requests"]["cpu"] and container["resources"]["requests"]["memory"]
+    )
+    (volume,) = pod["volumes"]
+    assert volume["configMap"]["name"] in _by_kind("ConfigMap")
+    mount = container["volumeMounts"][0]
+    assert mount["name"] == volume["name"]
+    config_arg = container["args"][container["args"].index("-c") + 1]
+    assert config_arg == f"{mount['mountPath']}/{volume['configMap']['items'][0]['path']}"
+    assert int(container["args"][container["args"].index("--workers") + 1]) >= 1
+    drain_s = float(container["args"][container["args"].index("--drain-timeout-s") + 1])
+    assert pod["terminationGracePeriodSeconds"] > drain_s  # streams drain before SIGKILL
+
+
+def test_fleet_config_parses_and_points_at_the_redis_service() -> None:
+    fleet = _fleet_yaml()
+    state = StateConfig.model_validate(fleet["state"])
+    assert state.backend is StateBackend.REDIS
+    host = state.redis_url.split("//")[1].split(".")[0]
+    assert host in _by_kind("Service")
+    cfg = parse_config({k: v for k, v in fleet.items() if k != "state"})
+    assert cfg.gateway.port == 8080 and cfg.endpoints
+
+
+def test_autoscalers_target_existing_deployments_on_desired_replicas() -> None:
+    deployments = _by_kind("Deployment")
+    hpa = _by_kind("HorizontalPodAutoscaler")
+    keda = _by_kind("ScaledObject")
+    assert hpa and keda
+    for obj in [*hpa.values(), *keda.values()]:
+        assert obj["spec"]["scaleTargetRef"]["name"] in deployments
+    for h in hpa.values():
+        assert h["spec"]["minReplicas"] <= h["spec"]["maxReplicas"]
+        names = [m["external"]["metric"]["name"] for m in h["spec"]["metrics"]]
+        assert names == ["inferplane_desired_replicas"]
+    for k in keda.values():
+        assert "inferplane_desired_replicas" in k["spec"]["triggers"][0]["metadata"]["query"]
