@@ -116,6 +116,8 @@ def route(
         use = uses[name] = budget_use(call, estimate, now, cfg)
         meets[name] = use is None or use <= 1.0
     candidates, dropped = prefer_warm(call, candidates, meets)
+    if len(candidates) == 1 and cfg.explain_top == 0:
+        return _only_candidate(candidates[0].name, estimates, meets, refused + dropped, rng)
     if dropped:
         kept = {v.info.name for v in candidates}
         estimates = {n: e for n, e in estimates.items() if n in kept}
@@ -151,6 +153,19 @@ def route(
     best = [(axis.name, scores[column]) for (axis, _), scores in zip(active, columns, strict=True)]
     why = _reason(ranked[0], best, refused + dropped, cfg.softmax_temperature)
     return RouteDecision(ranked, why)
+
+
+def _only_candidate(
+    name: str,
+    estimates: Mapping[str, LatencyEstimate],
+    meets: Mapping[str, bool],
+    refused: Sequence[tuple[str, str]],
+    rng: random.Random,
+) -> RouteDecision:
+    """One endpoint left: nothing to rank, so no scores (the RNG advances as in ``_pick``)."""
+    rng.getrandbits(64)
+    ranked = RankedEndpoint(name, 1.0, (), estimates[name].ttft_s, meets[name])
+    return RouteDecision((ranked,), f"only candidate: {name}{_refusals(refused)}")
 
 
 def _shared_predictor(cfg: RoutingConfig) -> LatencyPredictor:

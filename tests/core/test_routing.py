@@ -266,3 +266,15 @@ def test_only_the_top_ranked_are_explained_and_totals_match_the_axes() -> None:
     for ranked in full.ranked:
         mean = sum(a.score * weights[a.axis] for a in ranked.axes) / sum(weights.values())
         assert ranked.score == pytest.approx(mean)
+
+
+def test_a_single_candidate_is_not_scored_but_still_predicted() -> None:
+    views = [view("only", running=5), view("cold", state=EndpointState.COLD)]
+    c = call(prompt=1600, ttft_budget_s=5.0)
+    decision = _route(views, c=c)
+    assert decision.names() == ("only",)
+    assert decision.ranked[0].predicted_ttft_s is not None and decision.ranked[0].meets_budget
+    assert "only candidate" in decision.reason and "cold: state cold" in decision.reason
+    explained = _route(views, c=c, config=RoutingConfig(explain_top=1))
+    assert explained.names() == ("only",) and len(explained.ranked[0].axes) == 8
+    assert explained.ranked[0].predicted_ttft_s == decision.ranked[0].predicted_ttft_s
