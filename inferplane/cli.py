@@ -17,6 +17,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "inferplane.engine.cli",
     "inferplane.gateway.cli",
     "inferplane.sim.cli",
+    "inferplane.gateway.top",
 )
 
 
