@@ -103,6 +103,12 @@ async def _scrape_hits(session: aiohttp.ClientSession, urls: list[str]) -> tuple
     return hits, queries
 
 
+def _has_text(payload: bytes) -> bool:
+    """Whether an SSE chunk carries generated text (not just the role or usage)."""
+    choices = json.loads(payload).get("choices") or []
+    return any((c.get("delta") or {}).get("content") for c in choices)
+
+
 async def _call(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> float | None:
     """Stream one call; its TTFT in seconds, or None when it failed."""
     start = time.perf_counter()
@@ -113,11 +119,12 @@ async def _call(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) 
                 await resp.read()
                 return None
             async for line in resp.content:
-                if ttft is None and line.startswith(b"data: {") and b'"content"' in line:
+                if ttft is None and line.startswith(b"data: {") and _has_text(line[6:]):
                     ttft = time.perf_counter() - start
     except (aiohttp.ClientError, TimeoutError):
         return None
-    return ttft
+    # A reply whose few tokens all decode to no text: its first token came by the end.
+    return time.perf_counter() - start if ttft is None else ttft
 
 
 async def drive(targets: list[str], args: argparse.Namespace) -> dict[str, Any]:
@@ -249,10 +256,11 @@ def report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> None
             f"{r['prefix_hit_rate']:>10.1%}"
         )
     print("\n".join(lines))
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     payload = {"args": {k: v for k, v in vars(args).items() if k != "engine_urls"},
                "results": results, "table": lines}  # fmt: skip
-    RESULTS.write_text(json.dumps(payload, indent=2))
+    out.write_text(json.dumps(payload, indent=2))
 
 
 def main() -> None:
@@ -267,6 +275,7 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=8)
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--policies", default=",".join(POLICIES))
+    p.add_argument("--out", default=str(RESULTS))
     args = p.parse_args()
     if args.role == "fleet":
         run_fleet(args.kv_events, args.time_scale)
