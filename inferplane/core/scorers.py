@@ -23,9 +23,9 @@ predictor). Pool-wide figures (least wait, cheapest token, load range) are compu
 in :class:`PoolStats`, so every scorer is a pure function of (context, pool, endpoint).
 
 Scores and reasons are split, because routing runs on every call and only the few
-endpoints it ranks first are ever explained: each :class:`Axis` has a number function
-(the hot path, no strings, no allocation) and an explanation function that formats the
-same figures on demand. :func:`score_totals` is the hot path; :func:`explain` and the
+endpoints it ranks first are ever explained: each :class:`Axis` has a numbers function
+(one call per route over all endpoints, no strings) and an explanation function that
+formats the same figures on demand. :func:`score_columns` is the hot path; :func:`explain` and the
 ``score_<axis>`` callables (an :class:`AxisScore` with its reason) build the words.
 """
 
@@ -392,13 +392,6 @@ def weighted_totals(
     return {v.info.name: min(1.0, max(0.0, r / total_w)) for v, r in zip(views, raw, strict=True)}
 
 
-def score_totals(
-    ctx: ScoringContext, pool: PoolStats, views: Sequence[EndpointView], active: ActiveAxes
-) -> dict[str, float]:
-    """Per endpoint, the weighted mean score in [0, 1] (no reasons)."""
-    return weighted_totals(views, active, score_columns(ctx, pool, views, active))
-
-
 def explain(
     ctx: ScoringContext, pool: PoolStats, view: EndpointView, active: ActiveAxes
 ) -> tuple[AxisScore, ...]:
@@ -412,5 +405,5 @@ def score_all(
     """Per endpoint: the weighted mean score in [0, 1] and every axis that has weight."""
     pool = PoolStats.of(ctx, views)
     active = active_axes(weights)
-    totals = score_totals(ctx, pool, views, active)
+    totals = weighted_totals(views, active, score_columns(ctx, pool, views, active))
     return {v.name: (totals[v.name], explain(ctx, pool, v, active)) for v in views}
