@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -53,6 +53,14 @@ class Exchange:
     tbt_s: list[float] | None = None
     #: Called once with the time the first token arrived (the predictor learns TTFT).
     on_first_token: Callable[[float], None] | None = None
+    #: Called with every SSE chunk just before it is written to the client (cache fill).
+    tap: Callable[[bytes], None] | None = None
+    #: Headers added to the client's response on both paths (JSON and SSE).
+    extra_headers: dict[str, str] = field(default_factory=dict)
+    #: Prompt tokens an engine computed for a stream that broke and was resumed elsewhere.
+    wasted_prefill_tokens: int = 0
+    #: Streams resumed on another endpoint after a break.
+    resumptions: int = 0
 
     def first_token(self, now: float) -> None:
         self.first_token_s = now
@@ -224,6 +232,7 @@ class Proxy:
         ex.last_chunk_s = ex.first_token_s
         ex.status, ex.completed = 200, True
         headers = {"X-Inferplane-Endpoint": ex.endpoint or "", "X-Request-Id": ctx.request_id}
+        headers.update(ex.extra_headers)
         cost = finish(ex)
         if cost is not None:
             headers["X-Inferplane-Cost-Usd"] = format(cost, ".12g")
@@ -248,6 +257,7 @@ class Proxy:
                 "Cache-Control": "no-cache",
                 "X-Inferplane-Endpoint": ex.endpoint or "",
                 "X-Request-Id": ctx.request_id,
+                **ex.extra_headers,
             }
         )
         await out.prepare(request)
@@ -277,9 +287,14 @@ class Proxy:
                     tail = (
                         b"" if cost is None else f": inferplane cost_usd={cost:.12g}\n\n".encode()
                     )
-                    await out.write(chunk + tail + _DONE + b"\n\n")
+                    final = chunk + tail + _DONE + b"\n\n"
+                    if ex.tap is not None:
+                        ex.tap(final)
+                    await out.write(final)
                     return
                 if chunk:
+                    if ex.tap is not None:
+                        ex.tap(chunk)
                     await out.write(chunk)
             ex.reason = "upstream_closed_early"
             await out.write(sse_error_event("engine closed the stream early", code=ex.reason))
