@@ -17,8 +17,12 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from inferplane.core.admission_config import AdmissionConfig
+from inferplane.core.cache_config import CacheConfig
 from inferplane.core.routing_config import RoutingConfig
 from inferplane.core.types import EndpointInfo, EngineKind, PriorityClass
+from inferplane.gateway.observability_config import AutoscaleConfig, TracingConfig
+from inferplane.state.config import StateConfig
 
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 
@@ -173,6 +177,11 @@ class FleetConfig(_Frozen):
     endpoints: Endpoints
     routes: tuple[ModelRouteConfig, ...] = ()
     routing: RoutingConfig = RoutingConfig()
+    admission: AdmissionConfig = AdmissionConfig()
+    cache: CacheConfig = CacheConfig()
+    tracing: TracingConfig = TracingConfig()
+    autoscale: AutoscaleConfig = AutoscaleConfig()
+    state: StateConfig = StateConfig()
 
     @model_validator(mode="after")
     def _check_references(self) -> FleetConfig:

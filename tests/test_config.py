@@ -114,3 +114,18 @@ def test_bad_yaml_and_missing_file(tmp_path: Path) -> None:
     top.write_text("- 1\n")
     with pytest.raises(ConfigError, match="mapping"):
         load_config(top)
+
+
+def test_fleet_config_mounts_admission_cache_tracing_autoscale_state() -> None:
+    cfg = parse_config(
+        {
+            "endpoints": [_endpoint()],
+            "admission": {"quotas": {"keys": {"ci": {"requests_per_min": 5}}}},
+            "tracing": {"enabled": True, "sample_ratio": 0.5},
+            "state": {"backend": "redis", "redis_url": "redis://127.0.0.1:1/0"},
+        }
+    )
+    assert cfg.admission.quotas.keys["ci"].requests_per_min == 5
+    assert cfg.tracing.enabled and cfg.tracing.sample_ratio == 0.5
+    assert cfg.state.backend.value == "redis"
+    assert not cfg.autoscale.enabled and cfg.cache == type(cfg.cache)()

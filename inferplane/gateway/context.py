@@ -56,6 +56,7 @@ class Caller:
     tenant: str
     default_priority: PriorityClass
     max_priority: PriorityClass
+    key_name: str | None = None  # the API key's configured name (per-key quotas)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +87,8 @@ class Authenticator:
         self._anonymous = auth.mode == "anonymous"
         self._anon = Caller(auth.anonymous_tenant, PriorityClass.STANDARD, PriorityClass.CRITICAL)
         self._by_hash = {
-            k.key_sha256: Caller(k.tenant, k.default_priority, k.max_priority) for k in auth.keys
+            k.key_sha256: Caller(k.tenant, k.default_priority, k.max_priority, k.name)
+            for k in auth.keys
         }
 
     def caller(self, headers: Mapping[str, str]) -> Caller:
