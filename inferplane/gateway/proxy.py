@@ -1,24 +1,28 @@
 """The upstream half of a call: send it to an engine, pass the answer back, measure it.
 
 Non-streaming answers are read whole, parsed once for ``usage`` and forwarded as the same
-bytes. Streams are forwarded event by event as they arrive: the gateway parses an event only
-until the first token (to time TTFT) and when it carries ``usage``; every other event is
-passed on as bytes. Usage is always asked of the engine (``include_usage``) and the usage
-event is dropped again when the client did not ask for it. A stream's cost cannot travel in a
-header (headers are gone before the cost is known), so it is sent as an SSE comment line
-(``: inferplane cost_usd=...``) just before ``data: [DONE]``; SSE clients ignore comments.
+bytes. Streams are forwarded event by event as they arrive (``sse_filter``): usage is always
+asked of the engine (``include_usage``) and the usage event is dropped again when the client
+did not ask for it. A stream's cost cannot travel in a header (headers are gone before the
+cost is known), so it is sent as an SSE comment line (``: inferplane cost_usd=...``) just
+before ``data: [DONE]``; SSE clients ignore comments.
 
-Failures before the first byte reaches the client (connect error, 5xx) move to the next
-ranked endpoint, up to ``retries`` times; after that they become an OpenAI error (JSON, or an
-SSE error event once a stream has begun). A client that goes away cancels the handler, which
-closes the upstream connection, which makes the engine abort the request.
+Reliability (``reliability``): every attempt's outcome feeds the endpoint's breaker, and
+candidates whose breaker is open are skipped. A failure before the first byte reaches the
+client (connect error, reset, 5xx, stall) is *replayed* on the next ranked endpoint not yet
+tried, when the retry budget, the workflow's allowance and the attempt limit allow, after a
+jittered back-off. A stream that breaks after some tokens (reset, an engine error event, no
+event for the stall timeout) is *resumed*: the next endpoint continues the partial answer and
+the stitcher makes the two segments one stream (no token lost or repeated, one usage). What
+cannot be retried becomes an OpenAI error (JSON, or an SSE error event once a stream has
+begun). A client that goes away cancels the handler, which closes the upstream connection,
+which makes the engine abort the request.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -26,83 +30,26 @@ import orjson
 from aiohttp import web
 
 from inferplane.config import TimeoutsConfig
+from inferplane.core.predictor import LatencyPredictor
+from inferplane.core.resumption import (
+    ResumeAction,
+    ResumptionPlan,
+    StreamKind,
+    plan_resumption,
+)
+from inferplane.core.retry import Failure, FailureKind, failure_of_status
 from inferplane.core.types import PriorityClass
-from inferplane.gateway.context import RequestContext
-from inferplane.gateway.errors import ApiError, is_error_json, sse_error_event
+from inferplane.gateway.context import ApiKind, RequestContext
+from inferplane.gateway.errors import ApiError
+from inferplane.gateway.exchange import Candidate, Exchange, Finisher
+from inferplane.gateway.relay import JSON_HEADERS, AttemptFailed, CallState, Responder, drain, err
+from inferplane.gateway.reliability import AttemptTiming, Reliability
+from inferplane.gateway.reliability_config import ReliabilityConfig
+from inferplane.gateway.sse_filter import read_usage
+from inferplane.gateway.tracing import TRACER_KEY
 from inferplane.gateway.tracker import EndpointTracker
 
-_JSON = {"Content-Type": "application/json"}
-_DONE = b"data: [DONE]"
-
-
-@dataclass(slots=True)
-class Exchange:
-    """What happened to one call, filled in as it goes (owned by one handler)."""
-
-    endpoint: str | None = None
-    status: int = 0
-    reason: str = ""
-    attempts: int = 0
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    completion_tokens: int = 0
-    chunks: int = 0
-    first_token_s: float | None = None
-    last_chunk_s: float | None = None
-    completed: bool = False
-    tbt_s: list[float] | None = None
-    #: Called once with the time the first token arrived (the predictor learns TTFT).
-    on_first_token: Callable[[float], None] | None = None
-    #: Called with every SSE chunk just before it is written to the client (cache fill).
-    tap: Callable[[bytes], None] | None = None
-    #: Headers added to the client's response on both paths (JSON and SSE).
-    extra_headers: dict[str, str] = field(default_factory=dict)
-    #: Prompt tokens an engine computed for a stream that broke and was resumed elsewhere.
-    wasted_prefill_tokens: int = 0
-    #: Streams resumed on another endpoint after a break.
-    resumptions: int = 0
-
-    def first_token(self, now: float) -> None:
-        self.first_token_s = now
-        if self.on_first_token is not None:
-            self.on_first_token(now)
-
-    def tpot_s(self) -> float | None:
-        """Mean time per output token after the first, when measurable."""
-        if self.first_token_s is None or self.last_chunk_s is None or self.completion_tokens < 2:
-            return None
-        span_s = self.last_chunk_s - self.first_token_s
-        return span_s / (self.completion_tokens - 1) if span_s > 0 else None
-
-
-#: Called once when the call is over; returns its cost in USD (None when unknown).
-Finisher = Callable[[Exchange], float | None]
-
-
-@dataclass(frozen=True, slots=True)
-class Candidate:
-    """One endpoint to try and the exact bytes to send it."""
-
-    endpoint: str
-    url: str
-    body: bytes
-
-
-class _Retryable(Exception):
-    """A failure before the first byte that another endpoint might not have."""
-
-
-def read_usage(usage: Any, ex: Exchange) -> None:
-    if not isinstance(usage, dict):
-        return
-    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-    if isinstance(prompt, int):
-        ex.prompt_tokens = prompt
-    if isinstance(completion, int):
-        ex.completion_tokens = completion
-    details = usage.get("prompt_tokens_details")
-    if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
-        ex.cached_tokens = details["cached_tokens"]
+__all__ = ["Candidate", "Exchange", "Finisher", "Proxy", "read_usage"]
 
 
 class Proxy:
@@ -115,6 +62,8 @@ class Proxy:
         timeouts: TimeoutsConfig,
         retries: int,
         clock: Callable[[], float],
+        reliability: ReliabilityConfig | None = None,
+        predictor: LatencyPredictor | None = None,
     ) -> None:
         self._session = session
         self._tracker = tracker
@@ -122,6 +71,12 @@ class Proxy:
         self._retries = retries
         self._clock = clock
         self._timeout_of: dict[tuple[PriorityClass, bool], aiohttp.ClientTimeout] = {}
+        self._out = Responder(clock)
+        self.reliability = Reliability(
+            reliability or ReliabilityConfig(), tracker, clock, predictor
+        )
+        cfg = self.reliability.config
+        self._stall_s = cfg.resumption.stall_timeout_s or timeouts.inter_token_s
 
     def _timeout(self, ctx: RequestContext) -> aiohttp.ClientTimeout:
         if ctx.deadline_s is None:  # the common case: one shared value per class and mode
@@ -139,7 +94,7 @@ class Proxy:
         return aiohttp.ClientTimeout(
             total=total,
             sock_connect=self._timeouts.connect_s,
-            sock_read=self._timeouts.inter_token_s if ctx.stream else None,
+            sock_read=self._stall_s if ctx.stream else None,
         )
 
     async def forward(
@@ -151,267 +106,221 @@ class Proxy:
         finish: Finisher,
         on_attempt: Callable[[str, str | None], None],
     ) -> web.StreamResponse:
-        """Try candidates in order; answer the client from the first that responds.
+        """Try candidates in order (retries and resumptions as the module says); answer the
+        client from the first that responds.
 
         ``on_attempt(endpoint, retry_reason)`` is called before each attempt (the reason is
         None for the first one).
         """
-        last_error = ApiError(503, "no endpoint available", code="no_endpoint")
-        for cand in candidates[: self._retries + 1]:
-            on_attempt(cand.endpoint, (last_error.code or "error") if ex.attempts else None)
-            ex.attempts += 1
-            ex.endpoint = cand.endpoint
-            self._tracker.acquire(cand.endpoint)
+        rel = self.reliability
+        rel.begin_call(ctx, self._clock())
+        call = CallState(request, ctx, ex, finish, request.app.get(TRACER_KEY))
+        try:
+            return await self._run(call, candidates, on_attempt)
+        finally:
+            rel.end_call(ctx)
+
+    async def _run(
+        self,
+        call: CallState,
+        candidates: Sequence[Candidate],
+        on_attempt: Callable[[str, str | None], None],
+    ) -> web.StreamResponse:
+        rel, ctx = self.reliability, call.ctx
+        error = ApiError(
+            503, f"no endpoint available for model '{ctx.model}'", code="no_endpoint",
+            headers={"Retry-After": "1"},
+        )  # fmt: skip
+        retry_reason: str | None = None
+        holding = False
+        try:
+            while (cand := self._next(candidates, call.tried)) is not None:
+                try:
+                    return await self._one(call, cand, on_attempt, retry_reason)
+                except AttemptFailed as failed:
+                    error = failed.error
+                    if holding:
+                        rel.release(ctx)
+                        holding = False
+                    wait_s = await self._after_failure(call, cand, failed)
+                    if wait_s is None:
+                        break
+                    holding = rel.config.retry.enabled
+                    retry_reason = "resume" if failed.sent else (error.code or "error")
+                    if wait_s > 0:
+                        await asyncio.sleep(wait_s)
+        finally:
+            if holding:
+                rel.release(ctx)
+        return await self._out.give_up(call, error)
+
+    def _next(self, candidates: Sequence[Candidate], tried: list[str]) -> Candidate | None:
+        """The best-ranked candidate not tried yet whose breaker admits an attempt."""
+        if not self.reliability.config.retry.enabled and len(tried) > self._retries:
+            return None
+        for cand in candidates:
+            if cand.endpoint not in tried and self.reliability.admits(cand.endpoint):
+                return cand
+        return None
+
+    async def _after_failure(
+        self, call: CallState, cand: Candidate, failed: AttemptFailed
+    ) -> float | None:
+        """Whether to try again (the back-off to sleep first) or give up (None)."""
+        rel, ex = self.reliability, call.ex
+        plan: ResumptionPlan | None = None
+        if failed.sent:
+            plan = self._plan(call, cand, failed.kind)
+            if plan.action is ResumeAction.FINISH:
+                await self._out.close(call, plan)
+                return None
+        resumable = plan is not None and plan.action is ResumeAction.CONTINUE
+        failure = Failure(cand.endpoint, failed.kind, failed.sent, resumable)
+        if rel.config.retry.enabled:
+            now = self._clock()
+            decision = rel.may_retry(call.ctx, failure, len(call.tried), call.tried, now)
+            if not decision.allowed:
+                return None
+            wait_s = decision.backoff_s
+        else:  # plain retries: the next endpoint, at once, while attempts are left
+            if not failed.kind.retryable or (failed.sent and not resumable):
+                return None
+            wait_s = 0.0
+        if plan is not None and plan.body is not None and call.events is not None:
+            call.continuation = dict(plan.body)
+            stitcher = call.events.stitcher
+            assert stitcher is not None
+            stitcher.start_continuation()
+            ex.resumptions += 1
+            rel.counts["resumptions"] += 1
+            if call.tracer is not None:
+                call.tracer.resumption(cand.endpoint, plan.num_tokens_sent, failed.kind.value)
+        return wait_s
+
+    def _plan(self, call: CallState, cand: Candidate, kind: FailureKind) -> ResumptionPlan:
+        events = call.events
+        if not self.reliability.config.resumption.enabled or events is None:
+            return ResumptionPlan(ResumeAction.GIVE_UP, "resumption is off")
+        assert events.stitcher is not None
+        try:
+            original = orjson.loads(cand.body)  # the original request, not a continuation
+        except orjson.JSONDecodeError:
+            return ResumptionPlan(ResumeAction.GIVE_UP, "body is not JSON")
+        cfg = self.reliability.config.resumption
+        kind_of = StreamKind.CHAT if call.ctx.path == ApiKind.CHAT else StreamKind.COMPLETION
+        return plan_resumption(
+            kind_of, original, events.stitcher.progress(), kind,
+            resumptions_made=call.ex.resumptions, max_resumptions=cfg.max_resumptions,
+            prompt_tokens=call.ctx.num_prompt_tokens or None,
+        )  # fmt: skip
+
+    async def _one(
+        self,
+        call: CallState,
+        cand: Candidate,
+        on_attempt: Callable[[str, str | None], None],
+        retry_reason: str | None,
+    ) -> web.StreamResponse:
+        """One attempt on ``cand``: its outcome feeds the endpoint's breaker."""
+        rel, ex, name = self.reliability, call.ex, cand.endpoint
+        on_attempt(name, retry_reason)
+        ex.attempts += 1
+        ex.endpoint = name
+        call.tried.append(name)
+        self._tracker.acquire(name)
+        rel.dispatch(name)
+        started_s = call.attempt_started_s = self._clock()
+        predicted = rel.predict(name, call.ctx, started_s)
+        if call.events is not None:
+            call.events.new_segment(started_s)
+        failure: FailureKind | None = FailureKind.CANCELLED
+        try:
+            result = await self._traced(call, cand, ex.attempts, retry_reason)
+            failure = failure_of_status(ex.status) if ex.status != 499 else FailureKind.CANCELLED
+            if failure is None:
+                rel.accepted(call.ctx, self._clock())
+            return result
+        except AttemptFailed as failed:
+            failure = failed.kind
+            raise
+        except ApiError as refused:
+            failure = failure_of_status(refused.status)
+            raise
+        finally:
+            self._tracker.release(name)
+            rel.record(name, failure, self._timing(call, started_s, predicted), self._clock())
+
+    def _timing(
+        self, call: CallState, started_s: float, predicted: tuple[float | None, float | None]
+    ) -> AttemptTiming:
+        events, (ttft, tpot) = call.events, predicted
+        if events is None:  # a whole answer: judge its total time against the prediction
+            done = call.ex.last_chunk_s
+            if done is None or not call.ex.completed or ttft is None or tpot is None:
+                return AttemptTiming()
+            total = ttft + tpot * max(0, call.ex.completion_tokens - 1)
+            return AttemptTiming(done - started_s, total)
+        first = events.seg_first_s
+        if first is not None:
+            self._tracker.record_ttft(call.ex.endpoint or "", first - started_s)
+            return AttemptTiming(first - started_s, ttft, events.seg_tbt_s(), tpot)
+        return AttemptTiming()
+
+    async def _traced(
+        self, call: CallState, cand: Candidate, n: int, retry_reason: str | None
+    ) -> web.StreamResponse:
+        if call.tracer is None:
+            return await self._attempt(call, cand, {})
+        with call.tracer.attempt(cand.endpoint, n, retry_reason) as trace_headers:
             try:
-                return await self._attempt(request, ctx, cand, ex, finish)
-            except _Retryable as exc:
-                last_error = exc.args[0]
-            finally:
-                self._tracker.release(cand.endpoint)
-        raise last_error
+                return await self._attempt(call, cand, trace_headers)
+            except (AttemptFailed, ApiError) as exc:
+                err = exc.error if isinstance(exc, AttemptFailed) else exc
+                call.tracer.fail_current(err.code or err.error_type, err.status)
+                raise
 
     async def _attempt(
-        self,
-        request: web.Request,
-        ctx: RequestContext,
-        cand: Candidate,
-        ex: Exchange,
-        finish: Finisher,
+        self, call: CallState, cand: Candidate, trace_headers: dict[str, str]
     ) -> web.StreamResponse:
+        ctx, sent = call.ctx, call.out is not None
+        body = cand.body
+        if call.continuation is not None:
+            body = orjson.dumps({**call.continuation, "model": _model_of(cand.body)})
+        headers = {**JSON_HEADERS, **trace_headers} if trace_headers else JSON_HEADERS
         try:
             resp = await self._session.post(
-                cand.url, data=cand.body, headers=_JSON, timeout=self._timeout(ctx)
+                cand.url, data=body, headers=headers, timeout=self._timeout(ctx)
             )
         except aiohttp.ClientConnectorError:
             self._tracker.report_connect_error(cand.endpoint)
-            raise _Retryable(
-                ApiError(502, "cannot connect to the engine", code="connect_error")
-            ) from None
-        except (aiohttp.ClientError, OSError):
-            raise _Retryable(
-                ApiError(502, "engine closed the connection", code="upstream_disconnect")
-            ) from None
+            error = err(502, "cannot connect to the engine", "connect_error")
+            raise AttemptFailed(FailureKind.CONNECT, error, sent=sent) from None
         except TimeoutError:
-            raise ApiError(504, "engine did not answer in time", code="upstream_timeout") from None
+            error = err(504, "engine did not answer in time", "upstream_timeout")
+            raise AttemptFailed(FailureKind.TIMEOUT, error, sent=sent) from None
+        except (aiohttp.ClientError, OSError):
+            error = err(502, "engine closed the connection", "upstream_disconnect")
+            raise AttemptFailed(FailureKind.RESET, error, sent=sent) from None
         async with resp:
             if resp.status >= 500:
-                await _drain(resp)
-                raise _Retryable(
-                    ApiError(502, f"engine failed with HTTP {resp.status}", code="upstream_error")
-                )
+                await drain(resp)
+                error = err(502, f"engine failed with HTTP {resp.status}", "upstream_error")
+                raise AttemptFailed(FailureKind.SERVER_ERROR, error, sent=sent)
             if resp.status != 200:
-                return await self._relay_error(resp, ex)
+                if sent:  # a continuation refused: the stream cannot go on there
+                    await drain(resp)
+                    kind = failure_of_status(resp.status) or FailureKind.SERVER_ERROR
+                    error = err(502, f"engine refused to continue ({resp.status})", "upstream")
+                    raise AttemptFailed(kind, error, sent=True)
+                return await self._out.relay_error(resp, call.ex)
             if ctx.stream:
-                return await self._stream(request, ctx, resp, ex, finish)
-            return await self._whole(ctx, resp, ex, finish)
-
-    async def _relay_error(self, resp: aiohttp.ClientResponse, ex: Exchange) -> web.Response:
-        ex.status, ex.reason = resp.status, "upstream_refused"
-        raw = await _read_or_fail(resp)
-        try:
-            ok = is_error_json(orjson.loads(raw))
-        except orjson.JSONDecodeError:
-            ok = False
-        if not ok:
-            text = raw[:200].decode(errors="replace")
-            raise ApiError(resp.status, f"engine refused the request: {text}", code="upstream")
-        return web.Response(status=resp.status, body=raw, headers=_JSON)
-
-    async def _whole(
-        self, ctx: RequestContext, resp: aiohttp.ClientResponse, ex: Exchange, finish: Finisher
-    ) -> web.Response:
-        raw = await _read_or_fail(resp)
-        try:
-            payload = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            payload = None
-        if not isinstance(payload, dict):
-            raise ApiError(502, "engine returned invalid JSON", code="upstream_garbage")
-        read_usage(payload.get("usage"), ex)
-        ex.first_token(self._clock())
-        ex.last_chunk_s = ex.first_token_s
-        ex.status, ex.completed = 200, True
-        headers = {"X-Inferplane-Endpoint": ex.endpoint or "", "X-Request-Id": ctx.request_id}
-        headers.update(ex.extra_headers)
-        cost = finish(ex)
-        if cost is not None:
-            headers["X-Inferplane-Cost-Usd"] = format(cost, ".12g")
-        return web.Response(status=200, body=raw, content_type="application/json", headers=headers)
-
-    async def _stream(
-        self,
-        request: web.Request,
-        ctx: RequestContext,
-        resp: aiohttp.ClientResponse,
-        ex: Exchange,
-        finish: Finisher,
-    ) -> web.StreamResponse:
-        if not resp.headers.get("Content-Type", "").startswith("text/event-stream"):
-            raw = await _read_or_fail(resp)
-            raise ApiError(
-                502, f"engine did not stream: {raw[:120].decode(errors='replace')}", code="upstream"
-            )
-        out = web.StreamResponse(
-            headers={
-                "Content-Type": "text/event-stream",
-                "Cache-Control": "no-cache",
-                "X-Inferplane-Endpoint": ex.endpoint or "",
-                "X-Request-Id": ctx.request_id,
-                **ex.extra_headers,
-            }
-        )
-        await out.prepare(request)
-        ex.status = 200
-        try:
-            await self._pump(
-                resp, out, _EventFilter(ctx.client_wants_usage, ex, self._clock), finish
-            )
-            await out.write_eof()
-        except ConnectionResetError:
-            ex.status, ex.reason = 499, "client_disconnected"
-        return out
-
-    async def _pump(
-        self,
-        resp: aiohttp.ClientResponse,
-        out: web.StreamResponse,
-        events: _EventFilter,
-        finish: Finisher,
-    ) -> None:
-        ex = events.ex
-        try:
-            async for data in resp.content.iter_any():
-                chunk = events.feed(data)
-                if events.done:
-                    cost = finish(ex)
-                    tail = (
-                        b"" if cost is None else f": inferplane cost_usd={cost:.12g}\n\n".encode()
-                    )
-                    final = chunk + tail + _DONE + b"\n\n"
-                    if ex.tap is not None:
-                        ex.tap(final)
-                    await out.write(final)
-                    return
-                if chunk:
-                    if ex.tap is not None:
-                        ex.tap(chunk)
-                    await out.write(chunk)
-            ex.reason = "upstream_closed_early"
-            await out.write(sse_error_event("engine closed the stream early", code=ex.reason))
-        except (aiohttp.ClientPayloadError, aiohttp.ClientOSError, aiohttp.ServerDisconnectedError):
-            ex.reason = "upstream_closed_early"
-            await out.write(sse_error_event("engine connection broke mid-stream", code=ex.reason))
-        except TimeoutError:
-            ex.reason = "upstream_timeout"
-            await out.write(
-                sse_error_event("engine stalled mid-stream", "timeout_error", ex.reason)
-            )
+                return await self._out.stream(call, resp)
+            return await self._out.whole(call, resp)
 
 
-class _EventFilter:
-    """Splits SSE bytes into events; times tokens, reads usage, drops unasked usage events."""
-
-    __slots__ = ("_buf", "_clock", "_keep_usage", "done", "ex")
-
-    def __init__(self, keep_usage: bool, ex: Exchange, clock: Callable[[], float]) -> None:
-        self._buf = b""
-        self._keep_usage = keep_usage
-        self.ex = ex
-        self._clock = clock
-        self.done = False
-
-    def feed(self, data: bytes) -> bytes:
-        """Complete events ready to forward (without [DONE], which sets ``done``)."""
-        buf = self._buf + data
-        if b"\r" in buf:
-            buf = buf.replace(b"\r\n", b"\n")
-        events = buf.split(b"\n\n")
-        self._buf = events.pop()
-        out: list[bytes] = []
-        now = self._clock()
-        for event in events:
-            if event.startswith(_DONE) or event.startswith(b"data:[DONE]"):
-                self.done = True
-                self.ex.completed = True
-                break
-            kept = self._event(event, now)
-            if kept is not None:
-                out.append(kept)
-                out.append(b"\n\n")
-        return b"".join(out)
-
-    def _event(self, event: bytes, now: float) -> bytes | None:
-        if not event.startswith(b"data:"):
-            return event or None
-        ex = self.ex
-        payload = event[5:]
-        if ex.first_token_s is None or (b'"usage"' in payload and b'"usage":null' not in payload):
-            try:
-                obj = orjson.loads(payload)
-            except orjson.JSONDecodeError:
-                return event
-            if not isinstance(obj, dict):
-                return event
-            return self._parsed(event, obj, now)
-        self._tick(now)
-        return event
-
-    def _parsed(self, event: bytes, obj: dict[str, Any], now: float) -> bytes | None:
-        ex = self.ex
-        choices = obj.get("choices")
-        if ex.first_token_s is None and _has_token(choices):
-            ex.first_token(now)
-        usage = obj.get("usage")
-        if usage is not None:
-            read_usage(usage, ex)
-            if not self._keep_usage:
-                if not choices:
-                    return None
-                obj["usage"] = None
-                event = b"data: " + orjson.dumps(obj)
-        if choices:
-            self._tick(now)
-        if "error" in obj:
-            ex.reason = "upstream_error_event"
-        return event
-
-    def _tick(self, now: float) -> None:
-        ex = self.ex
-        if ex.first_token_s is not None and ex.last_chunk_s is not None:
-            if ex.tbt_s is None:
-                ex.tbt_s = []
-            if len(ex.tbt_s) < 4096:
-                ex.tbt_s.append(now - ex.last_chunk_s)
-        if ex.first_token_s is not None:
-            ex.last_chunk_s = now
-            ex.chunks += 1
-
-
-def _has_token(choices: Any) -> bool:
-    if not isinstance(choices, list):
-        return False
-    for choice in choices:
-        if not isinstance(choice, dict):
-            continue
-        delta = choice.get("delta")
-        if isinstance(delta, dict) and (delta.get("content") or delta.get("tool_calls")):
-            return True
-        if choice.get("text"):
-            return True
-    return False
-
-
-async def _read_or_fail(resp: aiohttp.ClientResponse) -> bytes:
+def _model_of(body: bytes) -> Any:
     try:
-        return await resp.read()
-    except (aiohttp.ClientError, OSError):
-        raise ApiError(502, "engine connection broke", code="upstream_disconnect") from None
-    except TimeoutError:
-        raise ApiError(504, "engine did not answer in time", code="upstream_timeout") from None
-
-
-async def _drain(resp: aiohttp.ClientResponse) -> None:
-    try:
-        await asyncio.wait_for(resp.read(), timeout=1.0)
-    except (aiohttp.ClientError, OSError, TimeoutError):
-        resp.close()
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    return obj.get("model") if isinstance(obj, dict) else None

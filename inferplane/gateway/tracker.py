@@ -13,6 +13,11 @@ health check every ``health_interval_s``. The health state machine:
 - DRAINING and EJECTED are set by an operator or the reliability layer and only left
   through :meth:`EndpointTracker.set_state`.
 
+When a reliability layer is attached (``attach_reliability``), the views routing reads are
+overlaid with its breakers: an ejected endpoint, or a half-open one whose probe slots are
+taken, reads EJECTED, so routing skips it. The proxy reports each attempt's TTFT
+(``record_ttft``); ``stats`` shows the median of the recent ones next to the breaker state.
+
 Load older than ``stale_after_s`` is not trusted: the view then carries zero engine counts
 (its ``observed_at_s`` still shows the age) so routing falls back to in-flight counts.
 """
@@ -22,8 +27,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import statistics
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import aiohttp
 
@@ -31,9 +39,15 @@ from inferplane.config import EndpointConfig, GatewayConfig
 from inferplane.core.types import EndpointInfo, EndpointLoad, EndpointState, EndpointView
 from inferplane.gateway.exposition import parse_engine_metrics, scrapes_metrics
 
+if TYPE_CHECKING:
+    from inferplane.gateway.reliability import Reliability
+
 log = logging.getLogger("inferplane.gateway.tracker")
 
 StateListener = Callable[[str, EndpointState, float], None]
+
+#: TTFTs kept per endpoint for ``recent_ttft_ms``.
+_RECENT_TTFTS = 32
 
 
 @dataclass(slots=True)
@@ -51,6 +65,7 @@ class _Tracked:
     seen_healthy: bool = False
     scrapes_ok: int = 0
     scrapes_failed: int = 0
+    ttfts_s: deque[float] = field(default_factory=lambda: deque(maxlen=_RECENT_TTFTS))
 
 
 class EndpointTracker:
@@ -78,6 +93,11 @@ class EndpointTracker:
             )
         self._tasks: list[asyncio.Task[None]] = []
         self._session: aiohttp.ClientSession | None = None
+        self._reliability: Reliability | None = None
+
+    def attach_reliability(self, reliability: Reliability) -> None:
+        """Overlay the breakers of ``reliability`` on every view from now on."""
+        self._reliability = reliability
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -123,6 +143,10 @@ class EndpointTracker:
             if load.observed_at_s is not None and now - load.observed_at_s > stale_after:
                 load = EndpointLoad(observed_at_s=load.observed_at_s)
             out.append(EndpointView(t.info, t.state, load, t.in_flight, t.state_since_s))
+        rel = self._reliability
+        if rel is not None and rel.config.breaker.enabled:
+            rel.maybe_sweep(now)
+            return rel.board.overlay(out)
         return out
 
     def view(self, name: str, now: float) -> EndpointView:
@@ -139,6 +163,15 @@ class EndpointTracker:
     def release(self, name: str) -> None:
         tracked = self._eps[name]
         tracked.in_flight = max(0, tracked.in_flight - 1)
+
+    def record_ttft(self, name: str, ttft_s: float) -> None:
+        """An attempt on ``name`` produced its first token after ``ttft_s``."""
+        self._eps[name].ttfts_s.append(ttft_s)
+
+    def recent_ttft_ms(self, name: str) -> float | None:
+        """Median TTFT of the endpoint's recent attempts (None: none yet)."""
+        ttfts = self._eps[name].ttfts_s
+        return round(statistics.median(ttfts) * 1000, 1) if ttfts else None
 
     def report_connect_error(self, name: str) -> None:
         """The proxy could not connect: take the endpoint out until health says otherwise."""
@@ -167,9 +200,15 @@ class EndpointTracker:
                 "load_age_s": None if t.load.observed_at_s is None else round(t.load.age_s(now), 3),
                 "scrapes_ok": t.scrapes_ok,
                 "scrapes_failed": t.scrapes_failed,
+                "breaker": self._breaker_state(t.info.name),
+                "recent_ttft_ms": self.recent_ttft_ms(t.info.name),
             }
             for t in self._eps.values()
         ]
+
+    def _breaker_state(self, name: str) -> str:
+        rel = self._reliability
+        return "closed" if rel is None else rel.breaker_state(name)
 
     # ---- loops -----------------------------------------------------------------------------
 

@@ -1,0 +1,65 @@
+"""What one proxied call is: the Exchange record filled in as it goes, and its candidates.
+
+Shared by the proxy (which fills the record), the response writers (``relay``), the SSE
+filter and the recorder (which accounts for it when the call is over).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+__all__ = ["Candidate", "Exchange", "Finisher"]
+
+
+@dataclass(slots=True)
+class Exchange:
+    """What happened to one call, filled in as it goes (owned by one handler)."""
+
+    endpoint: str | None = None
+    status: int = 0
+    reason: str = ""
+    attempts: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    chunks: int = 0
+    first_token_s: float | None = None
+    last_chunk_s: float | None = None
+    completed: bool = False
+    tbt_s: list[float] | None = None
+    #: Called once with the time the first token arrived (the predictor learns TTFT).
+    on_first_token: Callable[[float], None] | None = None
+    #: Called with every SSE chunk just before it is written to the client (cache fill).
+    tap: Callable[[bytes], None] | None = None
+    #: Headers added to the client's response on both paths (JSON and SSE).
+    extra_headers: dict[str, str] = field(default_factory=dict)
+    #: Prompt tokens an engine computed for a stream that broke and was resumed elsewhere.
+    wasted_prefill_tokens: int = 0
+    #: Streams resumed on another endpoint after a break.
+    resumptions: int = 0
+
+    def first_token(self, now: float) -> None:
+        self.first_token_s = now
+        if self.on_first_token is not None:
+            self.on_first_token(now)
+
+    def tpot_s(self) -> float | None:
+        """Mean time per output token after the first, when measurable."""
+        if self.first_token_s is None or self.last_chunk_s is None or self.completion_tokens < 2:
+            return None
+        span_s = self.last_chunk_s - self.first_token_s
+        return span_s / (self.completion_tokens - 1) if span_s > 0 else None
+
+
+#: Called once when the call is over; returns its cost in USD (None when unknown).
+Finisher = Callable[[Exchange], float | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One endpoint to try and the exact bytes to send it."""
+
+    endpoint: str
+    url: str
+    body: bytes

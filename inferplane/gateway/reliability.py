@@ -1,0 +1,217 @@
+"""The gateway's reliability shell: the pure breaker, retry and throttle cores, fed live.
+
+One :class:`Reliability` per gateway holds one ``BreakerBoard`` (endpoints grouped in pools,
+a pool being the first model an endpoint serves), and per pool one ``RetryBudget`` and one
+``AdaptiveThrottle``. The proxy asks it, per call and per attempt:
+
+* ``begin_call`` / ``end_call``: the workflow earns retry allowance, the throttle may shed
+  the call (429 with ``Retry-After``), the pool's active count feeds the budget;
+* ``predict`` at dispatch: the predictor's *uncalibrated* TTFT/TPOT (a calibrated one
+  absorbs a degraded GPU's slowness), against which ``record`` measures each attempt;
+* ``record`` when an attempt ends: the breaker counts it; a transition (ejection, probe,
+  return) is logged and mirrored in the tracker (EJECTED while the breaker is open);
+* ``may_retry`` / ``release``: the retry decision and the budget slot it holds.
+
+Time-driven breaker transitions (ejection expiry, latency outliers) are swept at most once
+per ``sweep_interval_s`` from the hot path (``maybe_sweep``), so no background task is
+needed: with no traffic nobody needs the answer.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections import Counter
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+
+from inferplane.core.breaker import BreakerBoard, BreakerEvent, BreakerState, Outcome
+from inferplane.core.predictor import LatencyPredictor
+from inferplane.core.retry import Failure, FailureKind, RetryBudget, RetryDecision
+from inferplane.core.throttle import AdaptiveThrottle
+from inferplane.core.types import CallContext, EndpointState
+from inferplane.gateway.context import RequestContext
+from inferplane.gateway.errors import ApiError
+from inferplane.gateway.reliability_config import ReliabilityConfig
+from inferplane.gateway.tracker import EndpointTracker
+
+log = logging.getLogger("inferplane.gateway.reliability")
+
+__all__ = ["AttemptTiming", "Reliability"]
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptTiming:
+    """What one attempt measured and what was predicted for it at dispatch."""
+
+    ttft_s: float | None = None
+    predicted_ttft_s: float | None = None
+    tbt_s: float | None = None
+    predicted_tbt_s: float | None = None
+
+
+class Reliability:
+    """Breakers, retry budgets and throttles of one gateway (used from its event loop)."""
+
+    def __init__(
+        self,
+        config: ReliabilityConfig,
+        tracker: EndpointTracker,
+        clock: Callable[[], float],
+        predictor: LatencyPredictor | None = None,
+    ) -> None:
+        self.config = config
+        self.predictor = predictor
+        self._tracker = tracker
+        self._clock = clock
+        self._rng = random.Random(config.seed)
+        self.board = BreakerBoard(config.breaker.to_core())
+        self._pool_of: dict[str, str] = {}
+        for name in tracker.names():
+            models = tracker.info(name).models
+            pool = models[0] if models else ""
+            self._pool_of[name] = pool
+            self.board.register(name, pool)
+        self._budgets: dict[str, RetryBudget] = {}
+        self._throttles: dict[str, AdaptiveThrottle] = {}
+        self._active: Counter[str] = Counter()
+        self._restore: dict[str, EndpointState] = {}  # state to return to after ejection
+        self._last_sweep_s = clock()
+        self.counts: Counter[str] = Counter()  # retries, denials, resumptions, ejections
+        tracker.attach_reliability(self)
+
+    # ---- per call --------------------------------------------------------------------------
+
+    def _budget(self, pool: str) -> RetryBudget:
+        found = self._budgets.get(pool)
+        if found is None:
+            found = self._budgets[pool] = RetryBudget(self.config.retry.to_core())
+        return found
+
+    def begin_call(self, ctx: RequestContext, now: float) -> None:
+        """The call enters the proxy; raises a 429 when the pool's throttle sheds it."""
+        throttle_cfg = self.config.throttle
+        if throttle_cfg.enabled:
+            throttle = self._throttles.get(ctx.model)
+            if throttle is None:
+                throttle = self._throttles[ctx.model] = AdaptiveThrottle(throttle_cfg.to_core())
+            decision = throttle.admit(now, self._rng)
+            if decision.reject:
+                self.counts["throttled"] += 1
+                retry_after = f"{max(1, round(decision.retry_after_s or 1.0))}"
+                raise ApiError(
+                    429, f"endpoints are failing; shed locally ({decision.reason})",
+                    code="throttled", headers={"Retry-After": retry_after},
+                )  # fmt: skip
+        self._budget(ctx.model).on_call(ctx.workflow_id)
+        self._active[ctx.model] += 1
+
+    def end_call(self, ctx: RequestContext) -> None:
+        self._active[ctx.model] = max(0, self._active[ctx.model] - 1)
+
+    def accepted(self, ctx: RequestContext, now: float) -> None:
+        """An endpoint accepted the call (for the throttle)."""
+        throttle = self._throttles.get(ctx.model)
+        if throttle is not None:
+            throttle.record_accept(now)
+
+    # ---- per attempt -----------------------------------------------------------------------
+
+    def admits(self, endpoint: str) -> bool:
+        """Whether the breaker lets an attempt go to ``endpoint`` now."""
+        if not self.config.breaker.enabled:
+            return True
+        view = self._tracker.view(endpoint, self._clock())
+        return self.board.overlay([view])[0].state is not EndpointState.EJECTED
+
+    def predict(
+        self, endpoint: str, ctx: RequestContext, now: float
+    ) -> tuple[float | None, float | None]:
+        """The uncalibrated (TTFT, TPOT) predicted for ``ctx`` on ``endpoint`` now."""
+        if self.predictor is None:
+            return None, None
+        view = self._tracker.view(endpoint, now)
+        est = self.predictor.predict(view, ctx.model, ctx.num_prompt_tokens, now)
+        return est.raw_ttft_s, est.raw_tpot_s
+
+    def dispatch(self, endpoint: str) -> None:
+        if self.config.breaker.enabled:
+            self.board.on_dispatch(endpoint)
+
+    def record(
+        self, endpoint: str, failure: FailureKind | None, timing: AttemptTiming, now: float
+    ) -> None:
+        """One attempt on ``endpoint`` ended (``failure`` None: it succeeded)."""
+        if not self.config.breaker.enabled:
+            return
+        outcome = Outcome(
+            failure, timing.ttft_s, timing.predicted_ttft_s, timing.tbt_s, timing.predicted_tbt_s
+        )
+        self._apply(self.board.record(endpoint, outcome, now))
+        self.maybe_sweep(now)
+
+    def may_retry(
+        self,
+        ctx: RequestContext,
+        failure: Failure,
+        attempts_made: int,
+        tried: Collection[str],
+        now: float,
+    ) -> RetryDecision:
+        """The retry decision; a granted one holds a budget slot until ``release``."""
+        call = CallContext(
+            request_id=ctx.request_id, tenant=ctx.tenant, model=ctx.model,
+            priority=ctx.priority, arrival_s=ctx.arrival_s,
+            num_prompt_tokens=ctx.num_prompt_tokens, max_tokens=ctx.max_tokens,
+            deadline_s=ctx.deadline_s, workflow_id=ctx.workflow_id, stream=ctx.stream,
+        )  # fmt: skip
+        budget = self._budget(ctx.model)
+        decision = budget.may_retry(
+            call, failure, attempts_made, tried, now, self._rng,
+            active_requests=self._active[ctx.model],
+        )  # fmt: skip
+        self.counts[f"retry_{decision.reason.value}"] += 1
+        return decision
+
+    def release(self, ctx: RequestContext) -> None:
+        self._budget(ctx.model).release()
+
+    # ---- breaker transitions ---------------------------------------------------------------
+
+    def maybe_sweep(self, now: float) -> None:
+        """Sweep the breakers when ``sweep_interval_s`` has passed since the last sweep."""
+        if not self.config.breaker.enabled:
+            return
+        if now - self._last_sweep_s >= self.config.breaker.sweep_interval_s:
+            self._last_sweep_s = now
+            self._apply(self.board.sweep(now))
+
+    def _apply(self, events: list[BreakerEvent]) -> None:
+        for event in events:
+            log.info(
+                "breaker",
+                extra={
+                    "endpoint": event.endpoint, "from": event.before.value,
+                    "to": event.after.value, "trigger": event.trigger.value,
+                    "why": event.reason,
+                },
+            )  # fmt: skip
+            self.counts[f"breaker_{event.trigger.value}"] += 1
+            name, state = event.endpoint, self._tracker.state(event.endpoint)
+            if event.after is BreakerState.OPEN:
+                if state is not EndpointState.EJECTED:
+                    self._restore[name] = state
+                    self._tracker.set_state(name, EndpointState.EJECTED)
+            elif event.before is BreakerState.OPEN and state is EndpointState.EJECTED:
+                self._tracker.set_state(name, self._restore.pop(name, EndpointState.READY))
+
+    def breaker_state(self, endpoint: str) -> str:
+        return self.board.state(endpoint).value
+
+    def stats(self) -> dict[str, object]:
+        """JSON-able counters and budgets for /v1/stats."""
+        return {
+            "counts": dict(self.counts),
+            "retries_in_flight": {p: b.in_flight for p, b in self._budgets.items()},
+            "active": dict(self._active),
+        }

@@ -1,0 +1,98 @@
+"""Configuration of the gateway's reliability layer: breakers, retries, resumption, throttling.
+
+Frozen pydantic models with defaults that are on, so a fleet config without a
+``reliability`` section gets outlier ejection, a retry budget and stream resumption. Each
+section turns into the pure core's own config value (``to_core``); ``enabled: false`` on a
+section gives the plain behaviour of a gateway without it (every failure before the first
+byte retried on the next ranked endpoint, no ejection, no resumption).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from inferplane.core.breaker import BreakerConfig
+from inferplane.core.retry import RetryConfig
+from inferplane.core.throttle import ThrottleConfig
+
+__all__ = [
+    "BreakerSection",
+    "ReliabilityConfig",
+    "ResumptionSection",
+    "RetrySection",
+    "ThrottleSection",
+]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class BreakerSection(_Frozen):
+    """Outlier detection (see ``inferplane.core.breaker``)."""
+
+    enabled: bool = True
+    consecutive_failures: int = Field(default=5, ge=1)
+    failure_rate: float = Field(default=0.5, gt=0, le=1)
+    failure_window_s: float = Field(default=30.0, gt=0)
+    min_requests: int = Field(default=10, ge=1)
+    latency_ratio: float = Field(default=3.0, gt=1)
+    latency_min_ratio: float = Field(default=1.5, gt=0)
+    latency_min_samples: int = Field(default=5, ge=1)
+    latency_window_s: float = Field(default=30.0, gt=0)
+    base_ejection_s: float = Field(default=30.0, gt=0)
+    max_ejection_s: float = Field(default=300.0, gt=0)
+    max_ejected_share: float = Field(default=0.2, ge=0, le=1)
+    probe_successes: int = Field(default=3, ge=1)
+    forgive_after_s: float = Field(default=300.0, gt=0)
+    sweep_interval_s: float = Field(default=1.0, gt=0)
+
+    def to_core(self) -> BreakerConfig:
+        fields = self.model_dump(exclude={"enabled", "sweep_interval_s"})
+        return BreakerConfig(**fields)
+
+
+class RetrySection(_Frozen):
+    """The retry budget (Envoy semantics) and each workflow's allowance."""
+
+    enabled: bool = True
+    budget_ratio: float = Field(default=0.2, ge=0)
+    min_concurrent_retries: int = Field(default=3, ge=0)
+    max_attempts: int = Field(default=3, ge=1)
+    workflow_ratio: float = Field(default=0.2, ge=0)
+    workflow_min_retries: int = Field(default=3, ge=0)
+    backoff_base_s: float = Field(default=0.025, ge=0)
+    backoff_cap_s: float = Field(default=0.25, ge=0)
+
+    def to_core(self) -> RetryConfig:
+        return RetryConfig(**self.model_dump(exclude={"enabled"}))
+
+
+class ResumptionSection(_Frozen):
+    """Stream resumption on another endpoint after a break."""
+
+    enabled: bool = True
+    max_resumptions: int = Field(default=2, ge=0)
+    #: A stream with no event for this long is broken (None: ``timeouts.inter_token_s``).
+    stall_timeout_s: float | None = Field(default=None, gt=0)
+
+
+class ThrottleSection(_Frozen):
+    """Client-side adaptive throttling per pool (off by default: admission sheds load)."""
+
+    enabled: bool = False
+    k: float = Field(default=2.0, ge=1)
+    window_s: float = Field(default=120.0, gt=0)
+
+    def to_core(self) -> ThrottleConfig:
+        return ThrottleConfig(k=self.k, window_s=self.window_s)
+
+
+class ReliabilityConfig(_Frozen):
+    """The ``reliability`` section of a fleet config."""
+
+    breaker: BreakerSection = BreakerSection()
+    retry: RetrySection = RetrySection()
+    resumption: ResumptionSection = ResumptionSection()
+    throttle: ThrottleSection = ThrottleSection()
+    seed: int = 0
