@@ -1,13 +1,16 @@
 """The gateway's HTTP application: the OpenAI-compatible front door of a configured fleet.
 
 A call walks: authenticate and read the context headers (``context``), read and check the
-body, resolve the model name to served models (routes and fallbacks), ask the policy core to
-rank endpoints (``inferplane.core.routing.route`` over the tracker's views), then hand the call
-to the proxy, which answers the client from the first endpoint that responds. The recorder
-accounts for it afterwards. Every refusal is an OpenAI error JSON (the error middleware),
-never a traceback. Besides generation: ``/v1/models``, ``/health`` (the process is alive),
-``/ready`` (some endpoint can take work), ``/metrics``, ``/v1/stats`` and
-``POST /v1/workflows/{id}/end``.
+body, answer from the response cache when it can (``response_cache``), pass admission
+(``admission_gate``: admit, queue until dispatched, or refuse with Retry-After), resolve the
+model name to served models and rank endpoints on the state of that moment (``planner``, late
+binding), then hand the call to the proxy, which answers the client from the first endpoint
+that responds. The recorder accounts for it afterwards, admission settles its quotas and a
+clean answer is kept in the cache. Tracing, the dashboard, fleet metrics and autoscaling are
+mounted by ``build_app``; shared state (quotas across workers) is built from ``state:``.
+Every refusal is an OpenAI error JSON (the error middleware), never a traceback. Besides
+generation: ``/v1/models``, ``/health`` (the process is alive), ``/ready`` (some endpoint can
+take work), ``/metrics``, ``/v1/stats`` and ``POST /v1/workflows/{id}/end``.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -25,28 +29,33 @@ from aiohttp import web
 
 from inferplane.config import FleetConfig
 from inferplane.core.accounting import TaskOutcome
+from inferplane.core.state import StateStore
 from inferplane.core.types import CallContext, EndpointState
+from inferplane.gateway.admission_gate import AdmissionGate
+from inferplane.gateway.autoscale import setup_autoscaling
 from inferplane.gateway.context import (
     ApiKind,
     Authenticator,
     RequestContext,
-    parse_body,
-    parse_headers,
     parse_json_object,
-    upstream_body,
+    read_context,
 )
+from inferplane.gateway.dashboard import setup_dashboard
 from inferplane.gateway.errors import ApiError, error_response, from_http_exception
+from inferplane.gateway.fleet_metrics import setup_fleet_metrics
 from inferplane.gateway.metrics import CONTENT_TYPE
+from inferplane.gateway.planner import admission_call, plan_call
 from inferplane.gateway.proxy import Candidate, Exchange, Proxy
 from inferplane.gateway.recorder import Recorder
+from inferplane.gateway.response_cache import CacheLookup, ResponseCache, StreamCapture
 from inferplane.gateway.router import GatewayRouter
+from inferplane.gateway.stats import render_metrics, stats_body
+from inferplane.gateway.tracing import GatewayTracer, TracingConfig, setup_tracing
 from inferplane.gateway.tracker import EndpointTracker
+from inferplane.state.config import StateBackend, build_store
+from inferplane.state.quota_client import SharedQuotas
 
 log = logging.getLogger("inferplane.gateway")
-
-#: Content types that cannot be a JSON body. Others are tried as JSON: curl -d sends
-#: form-urlencoded and some clients octet-stream, with perfectly good JSON inside.
-_NOT_JSON_TYPES = ("multipart/", "text/html", "application/xml", "text/xml")
 
 
 class Gateway:
@@ -55,7 +64,7 @@ class Gateway:
     def __init__(self, config: FleetConfig) -> None:
         self.config = config
         self._auth = Authenticator(config.gateway.auth)
-        self._retries = config.gateway.retries_before_first_byte
+        self.retries = config.gateway.retries_before_first_byte
         self._in_flight = 0
         self._models_body = orjson.dumps(
             {
@@ -66,8 +75,8 @@ class Gateway:
                 ],
             }
         )
-        self._fallback = {r.name: r.allow_fallback for r in config.routes}
-        self._targets = {m: config.targets_for(m) for m in config.model_names()}
+        self.fallback = {r.name: r.allow_fallback for r in config.routes}
+        self.targets = {m: config.targets_for(m) for m in config.model_names()}
         # Long-lived routing state: predictor, workflow affinity, prefix index, KV events.
         self.router = GatewayRouter(config, config.gateway.seed)
         self._call_ids = itertools.count()
@@ -77,6 +86,14 @@ class Gateway:
         self.tracker: EndpointTracker
         self.recorder: Recorder
         self.proxy: Proxy
+        self.gate: AdmissionGate
+        self.cache: ResponseCache
+        self.state: StateStore
+        self.tracer = GatewayTracer(TracingConfig())  # off until build_app sets it up
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -94,6 +111,10 @@ class Gateway:
         app.router.add_post("/v1/workflows/{workflow_id}/end", self._end_workflow)
         app.on_startup.append(self._on_startup)
         app.on_cleanup.append(self._on_cleanup)
+        setup_dashboard(app)
+        setup_fleet_metrics(app, self)
+        self.tracer = setup_tracing(app, self.config.tracing)
+        setup_autoscaling(app, self, self.config.autoscale)
         return app
 
     async def _on_startup(self, app: web.Application) -> None:
@@ -118,10 +139,22 @@ class Gateway:
         self.tracker = EndpointTracker(
             self.config.endpoints, gw, self.clock, self.recorder.on_endpoint_state
         )
-        self.proxy = Proxy(self.session, self.tracker, gw.timeouts, self._retries, self.clock)
+        self.proxy = Proxy(self.session, self.tracker, gw.timeouts, self.retries, self.clock)
+        self.state = build_store(self.config.state)
+        shared = None
+        if self.config.state.backend is StateBackend.REDIS:
+            shared = SharedQuotas(self.state, self.config.admission.quotas)
+            self._tasks.append(asyncio.create_task(self._state_loop()))
+        self.gate = AdmissionGate(
+            self.config.admission, self.router.predictor, self.tracker.views, self.clock,
+            self.recorder.metrics, shared,
+        )  # fmt: skip
+        self.cache = ResponseCache(self.config.cache, self.clock)
+        await self.cache.warm()
         await self.tracker.start(self.session)
         self.router.start()
         self._tasks.append(asyncio.create_task(self._expire_loop()))
+        self._tasks.append(asyncio.create_task(self.gate.run()))
         log.info("gateway started", extra={"endpoints": len(infos), "ready": self._num_ready()})
 
     async def stop(self) -> None:
@@ -132,15 +165,31 @@ class Gateway:
         self._tasks.clear()
         await self.router.stop()
         if self.session is not None:
+            self.gate.close()
             await self.tracker.stop()
             await self.session.close()
+            await self.cache.close()
+            await self.state.close()
             self.session = None
 
     async def _expire_loop(self) -> None:
         period_s = min(5.0, self.config.gateway.workflow_idle_ttl_s / 4)
         while True:
             await asyncio.sleep(period_s)
-            self.recorder.accountant.expire(self.clock())
+            now = self.clock()
+            self.recorder.accountant.expire(now)
+            self.gate.core.expire_workflows(now)
+
+    async def _state_loop(self) -> None:
+        """Probe the shared store: back from degraded mode, replay the local journal."""
+        period_s = self.config.state.probe_interval_s
+        maintain = getattr(self.state, "maintain", None)
+        while maintain is not None:
+            await asyncio.sleep(period_s)
+            try:
+                await maintain(time.time())
+            except Exception:  # the probe must outlive a bad round
+                log.exception("shared state maintenance failed")
 
     def _num_ready(self) -> int:
         return sum(self.tracker.state(n) is EndpointState.READY for n in self.tracker.names())
@@ -177,96 +226,43 @@ class Gateway:
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, ApiKind.COMPLETIONS)
 
-    async def _read_context(
-        self, request: web.Request, path: str
-    ) -> tuple[RequestContext, bytes, dict[str, Any]]:
-        now = self.clock()
-        hdr = parse_headers(request.headers, self._auth, now)
-        ctype = request.headers.get("Content-Type")
-        if ctype and ctype.lower().startswith(_NOT_JSON_TYPES):
-            raise ApiError(415, f"unsupported Content-Type {ctype[:60]!r}; send JSON")
-        limit = self.config.gateway.max_body_bytes
-        if request.content_length is not None and request.content_length > limit:
-            raise ApiError(413, f"request body over {limit} bytes", code="body_too_large")
-        raw = await request.read()
-        body = parse_json_object(raw)
-        model, stream, wants_usage, prompt_tokens, max_tokens = parse_body(path, body)
-        ctx = RequestContext(
-            request_id=hdr.request_id,
-            tenant=hdr.caller.tenant,
-            priority=hdr.priority,
-            arrival_s=now,
-            model=model,
-            path=path,
-            stream=stream,
-            client_wants_usage=wants_usage,
-            num_prompt_tokens=prompt_tokens,
-            max_tokens=max_tokens,
-            deadline_s=hdr.deadline_s,
-            ttft_budget_s=hdr.ttft_budget_s,
-            workflow_id=hdr.workflow_id,
-            workflow_step=hdr.workflow_step,
-            workflow_steps=hdr.workflow_steps,
-        )
-        return ctx, raw, body
-
-    def _plan(
-        self, ctx: RequestContext, raw: bytes, body: dict[str, Any]
-    ) -> tuple[list[Candidate], dict[str, CallContext], str]:
-        """Ranked endpoints to try (over the model's targets, in order), the call as each
-        endpoint's target model sees it, and why."""
-        targets = self._targets.get(ctx.model, ())
-        if not targets:
-            raise ApiError(
-                404, f"the model '{ctx.model}' does not exist", param="model",
-                code="model_not_found",
-            )  # fmt: skip
-        now = self.clock()
-        prompt = self.router.prompt_keys(ctx.path, body, targets)
-        candidates: list[Candidate] = []
-        calls: dict[str, CallContext] = {}
-        reasons: list[str] = []
-        for target in targets:
-            call = CallContext(
-                request_id=ctx.request_id, tenant=ctx.tenant, model=target,
-                priority=ctx.priority, arrival_s=ctx.arrival_s,
-                num_prompt_tokens=prompt.num_tokens or ctx.num_prompt_tokens,
-                max_tokens=ctx.max_tokens, deadline_s=ctx.deadline_s,
-                ttft_budget_s=ctx.ttft_budget_s, workflow_id=ctx.workflow_id,
-                workflow_step=ctx.workflow_step, workflow_steps=ctx.workflow_steps,
-                stream=ctx.stream, prompt_block_keys=prompt.keys,
-            )  # fmt: skip
-            decision = self.router.route(call, self.tracker.views(now, target), now)
-            reasons.append(f"{target}: {decision.reason}" if len(targets) > 1 else decision.reason)
-            if decision.ranked:
-                data = upstream_body(raw, body, target, ctx.stream)
-                for name in decision.names():
-                    candidates.append(Candidate(name, self.tracker.info(name).url + ctx.path, data))
-                    calls.setdefault(name, call)
-            if len(candidates) > self._retries or not self._fallback.get(ctx.model, True):
-                break
-        return candidates, calls, "; ".join(reasons)
-
     async def _generate(self, request: web.Request, path: str) -> web.StreamResponse:
-        ctx, raw, body = await self._read_context(request, path)
+        tracer = self.tracer
+        with tracer.hop("context"):
+            ctx, raw, body = await read_context(
+                request, path, self._auth, self.clock(), self.config.gateway.max_body_bytes
+            )
+        with tracer.hop("cache") as span:
+            found = await self.cache.lookup(ctx, body, request.headers)
+            span.set_attribute("inferplane.cache", found.status.value)
+        if found.hit:
+            return await self.cache.respond(request, found, ctx.request_id)
+        admitted: CallContext | None = None
         try:
             if self._in_flight >= self.config.gateway.max_in_flight:
                 raise ApiError(
                     429, "gateway is at its in-flight limit", code="gateway_overloaded",
                     headers={"Retry-After": "1"},
                 )  # fmt: skip
-            candidates, calls, reason = self._plan(ctx, raw, body)
+            call = admission_call(ctx, self.targets.get(ctx.model, ()))
+            with tracer.hop("admit") as span:
+                queued_s = await self.gate.enter(call, ctx.api_key_name, len(raw))
+                span.set_attribute("inferplane.queued_s", queued_s)
+            admitted = call
+            candidates, calls, reason = plan_call(self, ctx, raw, body)
             if not candidates:
                 raise ApiError(
                     503, f"no endpoint can take model '{ctx.model}' now ({reason})",
                     code="no_endpoint", headers={"Retry-After": "1"},
                 )  # fmt: skip
         except ApiError as err:
+            if admitted is not None:
+                self.gate.leave(admitted, num_tokens=0, success=False)
             err.recorded = True
             err.headers["X-Request-Id"] = ctx.request_id
             self.recorder.reject(ctx, err.status, err.code or err.error_type, self.clock())
             raise
-        return await self._proxy_call(request, ctx, candidates, calls, reason)
+        return await self._proxy_call(request, ctx, candidates, calls, reason, found, call)
 
     async def _proxy_call(
         self,
@@ -275,21 +271,30 @@ class Gateway:
         candidates: list[Candidate],
         calls: dict[str, CallContext],
         reason: str,
+        found: CacheLookup,
+        admitted: CallContext,
     ) -> web.StreamResponse:
         router, key = self.router, str(next(self._call_ids))
         sent_at: list[float] = [ctx.arrival_s]
         ex = Exchange(on_first_token=lambda t: router.on_first_token(key, t - sent_at[0], t))
+        capture = self.cache.capture(found) if ctx.stream else None
+        ex.tap = capture.feed if capture is not None else None
+        ex.extra_headers.update(found.headers())
         cost: list[float] = []
 
         def finish(done: Exchange) -> float:
             if not cost:
                 now = self.clock()
-                cost.append(self.recorder.finish(ctx, done, reason, now))
+                with self.tracer.hop("account") as span:
+                    cost.append(self.recorder.finish(ctx, done, reason, now))
+                    span.set_attribute("inferplane.cost_usd", cost[0])
                 ok = done.completed and done.endpoint is not None
                 usage = (done.prompt_tokens, done.cached_tokens) if ok else None
                 router.on_finish(key, now, tpot_s=done.tpot_s(), usage=usage)
                 if ok and done.endpoint is not None:
                     router.remember_workflow(ctx.workflow_id, done.endpoint, now)
+                num_tokens = done.prompt_tokens + done.completion_tokens
+                self.gate.leave(admitted, num_tokens=num_tokens, cost_usd=cost[0], success=ok)
             return cost[0]
 
         def on_attempt(endpoint: str, retry_reason: str | None) -> None:
@@ -301,7 +306,10 @@ class Gateway:
 
         self._in_flight += 1
         try:
-            return await self.proxy.forward(request, ctx, candidates, ex, finish, on_attempt)
+            resp = await self.proxy.forward(request, ctx, candidates, ex, finish, on_attempt)
+            if found.key is not None and ex.completed and ex.status == 200 and not ex.reason:
+                await self._store(found, ex, resp, capture, finish(ex))
+            return resp
         except ApiError as err:
             ex.status, ex.reason = err.status, ex.reason or err.code or err.error_type
             err.recorded = True
@@ -315,6 +323,21 @@ class Gateway:
         finally:
             self._in_flight -= 1
             finish(ex)
+
+    async def _store(
+        self,
+        found: CacheLookup,
+        ex: Exchange,
+        resp: web.StreamResponse,
+        capture: StreamCapture | None,
+        cost_usd: float,
+    ) -> None:
+        """Keep a clean answer for the next identical call."""
+        saved = {"cost_usd": cost_usd, "completion_tokens": ex.completion_tokens}
+        if capture is not None:
+            await self.cache.store_stream(found, capture, **saved)
+        elif isinstance(resp, web.Response) and isinstance(resp.body, bytes):
+            await self.cache.store_json(found, resp.body, **saved)
 
     # ---- the rest of the API ---------------------------------------------------------------
 
@@ -333,27 +356,12 @@ class Gateway:
         )
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        now = self.clock()
-        t = self.tracker
-        self.recorder.metrics.refresh_endpoints((n, t.state(n), t.in_flight(n)) for n in t.names())
-        self.recorder.metrics.refresh_routing(
-            self.router.kv_event_status(), self.router.prefix_stats()
-        )
-        self.recorder.refresh_spend(now)
-        return web.Response(
-            body=self.recorder.metrics.render(), headers={"Content-Type": CONTENT_TYPE}
-        )
+        body = render_metrics(self)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
     async def _stats(self, request: web.Request) -> web.Response:
         self._auth.caller(request.headers)
-        now = self.clock()
-        body = {
-            "in_flight": self._in_flight,
-            "endpoints": self.tracker.stats(now),
-            "routing": self.router.stats(),
-            "accounting": self.recorder.snapshot(now),
-        }
-        return web.Response(body=orjson.dumps(body), content_type="application/json")
+        return web.Response(body=orjson.dumps(stats_body(self)), content_type="application/json")
 
     async def _end_workflow(self, request: web.Request) -> web.Response:
         self._auth.caller(request.headers)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+from aiohttp import web
 
 from inferplane.config import AuthConfig
 from inferplane.core.types import PriorityClass
@@ -78,6 +79,7 @@ class RequestContext:
     workflow_id: str | None
     workflow_step: int | None
     workflow_steps: int | None
+    api_key_name: str | None = None  # the caller's configured key name (per-key quotas)
 
 
 class Authenticator:
@@ -308,3 +310,43 @@ def upstream_body(raw: bytes, body: dict[str, Any], model: str, stream: bool) ->
     if needs_usage:
         out["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
     return orjson.dumps(out)
+
+
+#: Content types that cannot be a JSON body. Others are tried as JSON: curl -d sends
+#: form-urlencoded and some clients octet-stream, with perfectly good JSON inside.
+_NOT_JSON_TYPES = ("multipart/", "text/html", "application/xml", "text/xml")
+
+
+async def read_context(
+    request: web.Request, path: str, auth: Authenticator, now: float, max_body_bytes: int
+) -> tuple[RequestContext, bytes, dict[str, Any]]:
+    """Authenticate, read and check the body: the call's context, raw body and parsed JSON."""
+    hdr = parse_headers(request.headers, auth, now)
+    ctype = request.headers.get("Content-Type")
+    if ctype and ctype.lower().startswith(_NOT_JSON_TYPES):
+        raise ApiError(415, f"unsupported Content-Type {ctype[:60]!r}; send JSON")
+    limit = max_body_bytes
+    if request.content_length is not None and request.content_length > limit:
+        raise ApiError(413, f"request body over {limit} bytes", code="body_too_large")
+    raw = await request.read()
+    body = parse_json_object(raw)
+    model, stream, wants_usage, prompt_tokens, max_tokens = parse_body(path, body)
+    ctx = RequestContext(
+        request_id=hdr.request_id,
+        tenant=hdr.caller.tenant,
+        priority=hdr.priority,
+        arrival_s=now,
+        model=model,
+        path=path,
+        stream=stream,
+        client_wants_usage=wants_usage,
+        num_prompt_tokens=prompt_tokens,
+        max_tokens=max_tokens,
+        deadline_s=hdr.deadline_s,
+        ttft_budget_s=hdr.ttft_budget_s,
+        workflow_id=hdr.workflow_id,
+        workflow_step=hdr.workflow_step,
+        workflow_steps=hdr.workflow_steps,
+        api_key_name=hdr.caller.key_name,
+    )
+    return ctx, raw, body

@@ -33,6 +33,7 @@ class GatewayMetrics:
         # Bounded: models and priorities come from the config, statuses from HTTP.
         self._series: dict[tuple[str, str], tuple[Any, ...]] = {}
         self._requests: dict[tuple[str, str, str], Any] = {}
+        self._admission: dict[tuple[str, str, str], Any] = {}
         lp = ("model", "priority")
         self.ttft = Histogram(
             "inferplane_ttft_seconds", "Time to first token.", lp, buckets=_LATENCY_BUCKETS_S,
@@ -95,6 +96,47 @@ class GatewayMetrics:
             "prefix, tokens predicted cached vs reported by engines, index size.",
             ("kind",), registry=r,
         )  # fmt: skip
+
+        self.admission = Counter(
+            "inferplane_admission_decisions", "Admission decisions and queue exits: decision "
+            "(admitted, queued, rejected, dispatched, expired, evicted, cancelled) and reason.",
+            ("decision", "reason", "priority"), registry=r,
+        )  # fmt: skip
+        self.queue_time = Histogram(
+            "inferplane_admission_queue_seconds", "Time queued calls waited, by class and exit.",
+            ("priority", "exit"), buckets=_LATENCY_BUCKETS_S, registry=r,
+        )  # fmt: skip
+        self.queue_depth = Gauge(
+            "inferplane_admission_queue_depth", "Calls waiting in the gateway queue, by class.",
+            ("priority",), registry=r,
+        )  # fmt: skip
+        self.cache = Gauge(
+            "inferplane_response_cache", "Response cache: lookups by outcome, hits, stores, "
+            "bytes served and USD saved since start.", ("kind",), registry=r,
+        )  # fmt: skip
+        self.state_mode = Gauge(
+            "inferplane_state_mode", "1 for the shared state's current mode.", ("mode",),
+            registry=r,
+        )  # fmt: skip
+        self.state_degradations = Gauge(
+            "inferplane_state_degradations_total", "Times the shared state fell back to "
+            "local mode, by reason.", ("reason",), registry=r,
+        )  # fmt: skip
+        self.state_counts = {
+            name: Gauge(f"inferplane_state_{name}", text, registry=r)
+            for name, text in (
+                ("local_ops_total", "Operations served locally while shared state was away."),
+                ("reconciles_total", "Times local state was replayed into the shared store."),
+                ("journal_size", "Local operations waiting to be replayed."),
+            )
+        }
+
+    def count_admission(self, decision: str, reason: str, priority: str) -> None:
+        key = (decision, reason, priority)
+        child = self._admission.get(key)
+        if child is None:
+            child = self._admission[key] = self.admission.labels(decision, reason, priority)
+        child.inc()
 
     def count_request(self, model: str, priority: str, status: str) -> None:
         key = (model, priority, status)
@@ -164,6 +206,33 @@ class GatewayMetrics:
         for outcome, count in tasks.items():
             self.tasks.labels(outcome).set(count)
         self.cost_per_success.set(cost_per_success)
+
+    def refresh_admission(self, depth: Mapping[str, int]) -> None:
+        for priority, n in depth.items():
+            self.queue_depth.labels(priority).set(n)
+
+    def refresh_cache(self, stats: Mapping[str, Any]) -> None:
+        """From ``ResponseCache.stats()``: lookups by outcome and the savings."""
+        for status, n in stats.get("lookups", {}).items():
+            self.cache.labels(f"lookups_{status}").set(n)
+        for kind in ("stores", "hits_exact", "hits_semantic", "bytes_served", "cost_usd_saved"):
+            self.cache.labels(kind).set(stats.get(kind, 0))
+
+    def refresh_state(
+        self,
+        mode: str,
+        modes: Iterable[str],
+        degradations: Mapping[str, int],
+        counts: tuple[int, int, int],
+    ) -> None:
+        """The shared state: one-hot mode, degradations by reason, local ops, reconciles and
+        journal size (zeros for an in-memory store)."""
+        for m in modes:
+            self.state_mode.labels(m).set(1.0 if m == mode else 0.0)
+        for reason, n in degradations.items():
+            self.state_degradations.labels(reason).set(n)
+        for gauge, n in zip(self.state_counts.values(), counts, strict=True):
+            gauge.set(n)
 
     def render(self) -> bytes:
         return bytes(generate_latest(self.registry))

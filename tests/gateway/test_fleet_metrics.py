@@ -8,7 +8,6 @@ import aiohttp
 import orjson
 
 from inferplane.gateway.app import Gateway, start_server
-from inferplane.gateway.fleet_metrics import setup_fleet_metrics
 from tests.gateway.fakes import fake_engines, fleet_config
 
 
@@ -22,7 +21,6 @@ async def test_success_per_dollar_and_endpoint_load_are_exported() -> None:
     async with fake_engines(2) as engines:
         gateway = Gateway(fleet_config(engines))
         app = gateway.build_app()
-        setup_fleet_metrics(app, gateway)
         runner, port = await start_server(app, "127.0.0.1", 0)
         url = f"http://127.0.0.1:{port}"
         try:

@@ -202,13 +202,13 @@ async def test_middleware_traces_gateway_calls_and_rejections() -> None:
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     from inferplane.gateway.app import Gateway, start_server
-    from inferplane.gateway.tracing import setup_tracing
     from tests.gateway.fakes import fake_engines, fleet_config
 
     async with fake_engines(1) as engines:
-        gateway = Gateway(fleet_config(engines))
+        config = fleet_config(engines).model_copy(update={"tracing": TracingConfig(enabled=True)})
+        gateway = Gateway(config)
         app = gateway.build_app()
-        tracer = setup_tracing(app, TracingConfig(enabled=True))
+        tracer = gateway.tracer
         exporter = InMemorySpanExporter()
         tracer.provider.add_span_processor(SimpleSpanProcessor(exporter))
         runner, port = await start_server(app, "127.0.0.1", 0)
@@ -226,7 +226,11 @@ async def test_middleware_traces_gateway_calls_and_rejections() -> None:
                     assert r.status == 200
         finally:
             await runner.cleanup()
-    ok, rejected = sorted(exporter.get_finished_spans(), key=lambda s: s.start_time or 0)
+    spans = exporter.get_finished_spans()
+    roots = [s for s in spans if s.name == "inferplane.call"]
+    ok, rejected = sorted(roots, key=lambda s: s.start_time or 0)
+    hops = {s.name for s in spans if s.context.trace_id == ok.context.trace_id} - {ok.name}
+    assert {"context", "cache", "admit", "route", "account"} <= hops
     assert f"{ok.context.trace_id:032x}" == CLIENT_TRACE
     assert (ok.attributes or {})["http.response.status_code"] == 200
     assert (ok.attributes or {})["inferplane.endpoint"] == engines[0].name

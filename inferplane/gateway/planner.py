@@ -1,0 +1,78 @@
+"""How a call becomes work for endpoints: the call admission judges, and the ranked plan.
+
+``admission_call`` is the call against the pool of its first target model (admission runs
+before routing). ``plan_call`` routes it over the model's targets in order (routes with
+fallbacks) on the tracker's state at that moment (for a queued call: when it is dispatched,
+the late binding), and gives the proxy its candidates, the call as each endpoint's target
+model sees it, and why.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from inferplane.core.types import CallContext
+from inferplane.gateway.context import RequestContext, upstream_body
+from inferplane.gateway.errors import ApiError
+from inferplane.gateway.proxy import Candidate
+
+if TYPE_CHECKING:
+    from inferplane.gateway.app import Gateway
+
+__all__ = ["admission_call", "plan_call"]
+
+
+def plan_call(
+    gw: Gateway, ctx: RequestContext, raw: bytes, body: dict[str, Any]
+) -> tuple[list[Candidate], dict[str, CallContext], str]:
+    """Ranked endpoints to try (over the model's targets, in order), the call as each
+    endpoint's target model sees it, and why."""
+    targets = gw.targets.get(ctx.model, ())
+    if not targets:
+        raise ApiError(
+            404, f"the model '{ctx.model}' does not exist", param="model",
+            code="model_not_found",
+        )  # fmt: skip
+    now = gw.clock()
+    prompt = gw.router.prompt_keys(ctx.path, body, targets)
+    candidates: list[Candidate] = []
+    calls: dict[str, CallContext] = {}
+    reasons: list[str] = []
+    for target in targets:
+        call = CallContext(
+            request_id=ctx.request_id, tenant=ctx.tenant, model=target,
+            priority=ctx.priority, arrival_s=ctx.arrival_s,
+            num_prompt_tokens=prompt.num_tokens or ctx.num_prompt_tokens,
+            max_tokens=ctx.max_tokens, deadline_s=ctx.deadline_s,
+            ttft_budget_s=ctx.ttft_budget_s, workflow_id=ctx.workflow_id,
+            workflow_step=ctx.workflow_step, workflow_steps=ctx.workflow_steps,
+            stream=ctx.stream, prompt_block_keys=prompt.keys,
+        )  # fmt: skip
+        decision = gw.router.route(call, gw.tracker.views(now, target), now)
+        gw.tracer.route(decision, target)
+        reasons.append(f"{target}: {decision.reason}" if len(targets) > 1 else decision.reason)
+        if decision.ranked:
+            data = upstream_body(raw, body, target, ctx.stream)
+            for name in decision.names():
+                candidates.append(Candidate(name, gw.tracker.info(name).url + ctx.path, data))
+                calls.setdefault(name, call)
+        if len(candidates) > gw.retries or not gw.fallback.get(ctx.model, True):
+            break
+    return candidates, calls, "; ".join(reasons)
+
+
+def admission_call(ctx: RequestContext, targets: tuple[str, ...]) -> CallContext:
+    """The call as admission sees it: against the pool of its first target model."""
+    if not targets:
+        raise ApiError(
+            404, f"the model '{ctx.model}' does not exist", param="model",
+            code="model_not_found",
+        )  # fmt: skip
+    return CallContext(
+        request_id=ctx.request_id, tenant=ctx.tenant, model=targets[0],
+        priority=ctx.priority, arrival_s=ctx.arrival_s,
+        num_prompt_tokens=ctx.num_prompt_tokens, max_tokens=ctx.max_tokens,
+        deadline_s=ctx.deadline_s, ttft_budget_s=ctx.ttft_budget_s,
+        workflow_id=ctx.workflow_id, workflow_step=ctx.workflow_step,
+        workflow_steps=ctx.workflow_steps, stream=ctx.stream,
+    )  # fmt: skip
