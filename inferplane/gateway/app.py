@@ -382,13 +382,17 @@ def _no_clock() -> float:
     raise RuntimeError("the gateway has not started")
 
 
-async def start_server(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
+async def start_server(
+    app: web.Application, host: str, port: int, shutdown_timeout_s: float = 60.0
+) -> tuple[web.AppRunner, int]:
     """Start serving ``app``; returns the runner and the bound port (port 0 picks one).
 
     Handler cancellation is on: a client that disconnects cancels its handler, which closes
     the upstream connection and so aborts the engine's work.
     """
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    runner = web.AppRunner(
+        app, handler_cancellation=True, access_log=None, shutdown_timeout=shutdown_timeout_s
+    )
     await runner.setup()
     site = web.TCPSite(runner, host, port, backlog=2048)
     await site.start()

@@ -26,6 +26,13 @@ def register(subparsers: Any) -> None:
     serve.add_argument(
         "--no-request-log", action="store_true", help="skip the per-request JSON log line"
     )
+    serve.add_argument(
+        "--workers", type=int, default=1, help="worker processes sharing the port (SO_REUSEPORT)"
+    )
+    serve.add_argument(
+        "--drain-timeout-s", type=float, default=30.0,
+        help="on SIGTERM, how long calls in flight may take to finish",
+    )  # fmt: skip
     serve.set_defaults(func=_serve)
 
     up = subparsers.add_parser(
@@ -85,11 +92,24 @@ def _serve(args: argparse.Namespace) -> int:
     host = args.host or gw_cfg.host
     port = gw_cfg.port if args.port is None else args.port
     configure_logging(args.log_level)
+    if args.workers < 1 or args.drain_timeout_s < 0:
+        print("inferplane serve: --workers must be >= 1, --drain-timeout-s >= 0", file=sys.stderr)
+        return 2
+    if args.workers > 1:
+        from inferplane.gateway.workers import serve_workers
+
+        return serve_workers(
+            config, host, port, args.workers,
+            drain_timeout_s=args.drain_timeout_s, log_level=args.log_level,
+        )  # fmt: skip
 
     async def main(stop: asyncio.Event) -> None:
         gateway = Gateway(config)
         try:
-            runner, bound = await start_server(gateway.build_app(), host, port)
+            app = gateway.build_app()
+            runner, bound = await start_server(
+                app, host, port, shutdown_timeout_s=args.drain_timeout_s
+            )
         except OSError as exc:
             print(f"inferplane serve: cannot listen on {host}:{port}: {exc}", file=sys.stderr)
             raise SystemExit(1) from None

@@ -23,9 +23,11 @@ from rich.console import Console
 from inferplane.config import FleetConfig, parse_config
 from inferplane.engine.fleet import EngineSpec, Fleet
 from inferplane.gateway.app import Gateway, start_server
+from inferplane.gateway.autoscale import EmbeddedFleet, setup_autoscaling
 from inferplane.gateway.cli import run_until_signalled
 from inferplane.gateway.loadgen import LoadGenerator
 from inferplane.gateway.logs import configure_logging
+from inferplane.gateway.observability_config import AutoscaleConfig, PoolScaleConfig
 
 DEFAULT_TIME_SCALE = 4.0
 SMALL_MODEL = "llama-3-8b"
@@ -48,11 +50,11 @@ def demo_specs(time_scale: float) -> list[EngineSpec]:
     ]
 
 
-def demo_config(fleet: Fleet, port: int) -> FleetConfig:
+def demo_config(fleet: Fleet, port: int, extra: list[dict[str, Any]] | None = None) -> FleetConfig:
     return parse_config(
         {
             "gateway": {"port": port, "auth": {"mode": "anonymous"}, "log_requests": False},
-            "endpoints": [e.endpoint_config() for e in fleet.engines],
+            "endpoints": [e.endpoint_config() for e in fleet.engines] + (extra or []),
             "routes": [{"name": "default", "targets": [SMALL_MODEL, BIG_MODEL]}],
         },
         "<inferplane up>",
@@ -104,12 +106,34 @@ def _summary(gateway: Gateway, load: LoadGenerator | None, elapsed_s: float) -> 
 async def _demo(args: argparse.Namespace, stop: asyncio.Event, console: Console) -> None:
     time_scale = args.time_scale or DEFAULT_TIME_SCALE
     async with Fleet(demo_specs(time_scale)) as fleet:
-        gateway = Gateway(demo_config(fleet, args.port))
+        # An autoscaled pool: up to four more 8B engines on H100, one warm at start; the
+        # autoscaler starts (cold) and drains them with the demand it measures.
+        holder: list[Gateway] = []
+        slots = EmbeddedFleet.plan(SMALL_MODEL, "h100", 4, time_scale, prefix="auto")
+        auto = EmbeddedFleet(
+            slots,
+            lambda n, st: holder[0].tracker.set_state(n, st),
+            lambda n: holder[0].tracker.in_flight(n),
+        )
+        extra = [auto.endpoint_config(s) for s in slots]
+        gateway = Gateway(demo_config(fleet, args.port, extra))
+        holder.append(gateway)
+        await auto.start_slot(slots[0].name, cold=False)
+        scale = AutoscaleConfig(
+            enabled=True, time_scale=time_scale,
+            pools=(PoolScaleConfig(model=SMALL_MODEL, gpus=("h100",), max_replicas=4),),
+        )  # fmt: skip
+
+        def build() -> Any:
+            app = gateway.build_app()
+            setup_autoscaling(app, gateway, scale, auto)
+            return app
+
         try:
-            runner, port = await start_server(gateway.build_app(), "127.0.0.1", args.port)
+            runner, port = await start_server(build(), "127.0.0.1", args.port)
         except OSError:
             console.print(f"[yellow]port {args.port} is busy; using a free one[/]")
-            runner, port = await start_server(gateway.build_app(), "127.0.0.1", 0)
+            runner, port = await start_server(build(), "127.0.0.1", 0)
         url = f"http://127.0.0.1:{port}"
         _banner(console, url, fleet)
         load = None
