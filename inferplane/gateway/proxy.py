@@ -256,7 +256,10 @@ class Proxy:
         events, (ttft, tpot) = call.events, predicted
         if events is None:  # a whole answer: judge its total time against the prediction
             done = call.ex.last_chunk_s
-            if done is None or not call.ex.completed or ttft is None or tpot is None:
+            if done is None or not call.ex.completed:
+                return AttemptTiming()
+            self._tracker.record_ttft(call.ex.endpoint or "", done - started_s)
+            if ttft is None or tpot is None:
                 return AttemptTiming()
             total = ttft + tpot * max(0, call.ex.completion_tokens - 1)
             return AttemptTiming(done - started_s, total)
