@@ -27,7 +27,7 @@ from typing import Any
 
 from inferplane.core.admission import Admission, Admit, Reject
 from inferplane.core.admission_config import AdmissionConfig
-from inferplane.core.capacity import AdmissionPredictor
+from inferplane.core.capacity import AdmissionPredictor, endpoint_saturation, free_slots
 from inferplane.core.queueing import ExitKind, QueueExit
 from inferplane.core.quotas import QuotaExceeded
 from inferplane.core.types import CallContext, EndpointView
@@ -81,8 +81,11 @@ class AdmissionGate:
             await self._take_shared(call, api_key)
         now = self._clock()
         pool = self._views(now, call.model)
-        d = self.core.admit(call, pool, now, api_key=api_key, size_bytes=size_bytes)
         prio = call.priority.value
+        if self._fast_admit(call, pool, now, api_key):
+            self._metrics.count_admission("admitted", "admitted", prio)
+            return 0.0
+        d = self.core.admit(call, pool, now, api_key=api_key, size_bytes=size_bytes)
         if isinstance(d, Admit):
             self._metrics.count_admission("admitted", d.reason, prio)
             return 0.0
@@ -111,6 +114,35 @@ class AdmissionGate:
             return out.waited_s
         self._settle_shared(call.request_id, 0)
         raise _refusal(429, _EXIT_TEXT[out.kind], _EXIT_CODES[out.kind], 1)
+
+    def _fast_admit(
+        self, call: CallContext, pool: list[EndpointView], now: float, api_key: str | None
+    ) -> bool:
+        """The common case without latency predictions: nothing queued, no deadline, budget
+        or workflow, a free slot and saturation under the class's threshold; quotas taken.
+
+        The controller's own rule answers "admit" in exactly this case, but predicts TTFT on
+        every endpoint first (as much CPU as routing); everything else takes the full path.
+        """
+        core = self.core
+        if core.queue or call.workflow_id is not None:
+            return False
+        if call.deadline_s is not None or call.ttft_budget_s is not None:
+            return False
+        cfg, predictor, model = core.config, core.predictor, call.model
+        free, saturation, accepting = 0, 0.0, 0
+        for view in pool:
+            if view.state.accepts_work:
+                accepting += 1
+                free += free_slots(view, model, predictor, cfg)
+                saturation += endpoint_saturation(view, model, predictor, cfg)
+        if not free or saturation / accepting >= cfg.shed_saturation.of(call.priority):
+            return False
+        reserve = core.quotas.reserve_tokens(call.num_prompt_tokens, call.max_tokens)
+        if core.quotas.try_acquire(call.request_id, call.tenant, api_key, reserve, now):
+            return False  # the full path refuses it, naming the quota
+        core.stats.on_admitted(call.priority)
+        return True
 
     def leave(
         self, call: CallContext, *, num_tokens: int, cost_usd: float = 0.0, success: bool = True

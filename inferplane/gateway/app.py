@@ -244,7 +244,7 @@ class Gateway:
                     429, "gateway is at its in-flight limit", code="gateway_overloaded",
                     headers={"Retry-After": "1"},
                 )  # fmt: skip
-            call = admission_call(ctx, self.targets.get(ctx.model, ()))
+            call = admission_call(self, ctx)
             with tracer.hop("admit") as span:
                 queued_s = await self.gate.enter(call, ctx.api_key_name, len(raw))
                 span.set_attribute("inferplane.queued_s", queued_s)

@@ -1,10 +1,10 @@
 """How a call becomes work for endpoints: the call admission judges, and the ranked plan.
 
-``admission_call`` is the call against the pool of its first target model (admission runs
-before routing). ``plan_call`` routes it over the model's targets in order (routes with
-fallbacks) on the tracker's state at that moment (for a queued call: when it is dispatched,
-the late binding), and gives the proxy its candidates, the call as each endpoint's target
-model sees it, and why.
+``admission_call`` is the call against the pool of its first target model that takes work
+(admission runs before routing). ``plan_call`` routes it over the model's targets in order
+(routes with fallbacks) on the tracker's state at that moment (for a queued call: when it is
+dispatched, the late binding), and gives the proxy its candidates, the call as each
+endpoint's target model sees it, and why.
 """
 
 from __future__ import annotations
@@ -61,15 +61,24 @@ def plan_call(
     return candidates, calls, "; ".join(reasons)
 
 
-def admission_call(ctx: RequestContext, targets: tuple[str, ...]) -> CallContext:
-    """The call as admission sees it: against the pool of its first target model."""
+def admission_call(gw: Gateway, ctx: RequestContext) -> CallContext:
+    """The call as admission sees it: against the pool of its first target model that has an
+    endpoint taking work (a route falls back when its first model is down)."""
+    targets = gw.targets.get(ctx.model, ())
     if not targets:
         raise ApiError(
             404, f"the model '{ctx.model}' does not exist", param="model",
             code="model_not_found",
         )  # fmt: skip
+    model = targets[0]
+    if len(targets) > 1 and gw.fallback.get(ctx.model, True):
+        now = gw.clock()
+        for target in targets:
+            if any(v.state.accepts_work for v in gw.tracker.views(now, target)):
+                model = target
+                break
     return CallContext(
-        request_id=ctx.request_id, tenant=ctx.tenant, model=targets[0],
+        request_id=ctx.request_id, tenant=ctx.tenant, model=model,
         priority=ctx.priority, arrival_s=ctx.arrival_s,
         num_prompt_tokens=ctx.num_prompt_tokens, max_tokens=ctx.max_tokens,
         deadline_s=ctx.deadline_s, ttft_budget_s=ctx.ttft_budget_s,
