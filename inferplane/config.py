@@ -22,6 +22,7 @@ from inferplane.core.cache_config import CacheConfig
 from inferplane.core.routing_config import RoutingConfig
 from inferplane.core.types import EndpointInfo, EngineKind, PriorityClass
 from inferplane.gateway.observability_config import AutoscaleConfig, TracingConfig
+from inferplane.gateway.reliability_config import ReliabilityConfig
 from inferplane.state.config import StateConfig
 
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
@@ -179,6 +180,7 @@ class FleetConfig(_Frozen):
     routing: RoutingConfig = RoutingConfig()
     admission: AdmissionConfig = AdmissionConfig()
     cache: CacheConfig = CacheConfig()
+    reliability: ReliabilityConfig = ReliabilityConfig()
     tracing: TracingConfig = TracingConfig()
     autoscale: AutoscaleConfig = AutoscaleConfig()
     state: StateConfig = StateConfig()

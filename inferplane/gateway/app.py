@@ -139,7 +139,10 @@ class Gateway:
         self.tracker = EndpointTracker(
             self.config.endpoints, gw, self.clock, self.recorder.on_endpoint_state
         )
-        self.proxy = Proxy(self.session, self.tracker, gw.timeouts, self.retries, self.clock)
+        self.proxy = Proxy(
+            self.session, self.tracker, gw.timeouts, self.retries, self.clock,
+            reliability=self.config.reliability, predictor=self.router.predictor,
+        )  # fmt: skip
         self.state = build_store(self.config.state)
         shared = None
         if self.config.state.backend is StateBackend.REDIS:
