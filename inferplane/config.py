@@ -12,7 +12,7 @@ import hashlib
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -26,6 +26,7 @@ from inferplane.gateway.reliability_config import ReliabilityConfig
 from inferplane.state.config import StateConfig
 
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
+_M = TypeVar("_M", bound=BaseModel)
 
 
 class ConfigError(ValueError):
@@ -228,33 +229,40 @@ def hash_api_key(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-def _format_errors(exc: ValidationError, source: str) -> str:
-    lines = [f"invalid configuration in {source}:"]
-    for err in exc.errors():
-        path = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        lines.append(f"  {path}: {err['msg']}")
-    return "\n".join(lines)
-
-
-def parse_config(data: Any, source: str = "<config>") -> FleetConfig:
-    """Validate an already-parsed mapping into a FleetConfig or raise ConfigError."""
+def validate_yaml_tree(
+    data: Any, model: type[_M], error: type[ValueError], what: str, source: str
+) -> _M:
+    """Validate a parsed YAML tree into ``model``; ``error`` names every bad field's path."""
     if not isinstance(data, Mapping):
-        raise ConfigError(f"invalid configuration in {source}: the top level must be a mapping")
+        raise error(f"invalid {what} in {source}: the top level must be a mapping")
     try:
-        return FleetConfig.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_format_errors(exc, source)) from None
+        lines = [f"invalid {what} in {source}:"]
+        for err in exc.errors():
+            path = ".".join(str(p) for p in err["loc"]) or "(top level)"
+            lines.append(f"  {path}: {err['msg']}")
+        raise error("\n".join(lines)) from None
 
 
-def load_config(path: str | Path) -> FleetConfig:
-    """Read and validate a YAML fleet config file."""
+def read_yaml_file(path: str | Path, error: type[ValueError], what: str) -> Any:
+    """Read and parse a YAML file, turning I/O and syntax errors into ``error``."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
-        raise ConfigError(f"cannot read configuration {p}: {exc.strerror}") from None
+        raise error(f"cannot read {what} {p}: {exc.strerror}") from None
     try:
-        data = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"invalid YAML in {p}: {exc}") from None
-    return parse_config(data, str(p))
+        raise error(f"invalid YAML in {p}: {exc}") from None
+
+
+def parse_config(data: Any, source: str = "<config>") -> FleetConfig:
+    """Validate an already-parsed mapping into a FleetConfig or raise ConfigError."""
+    return validate_yaml_tree(data, FleetConfig, ConfigError, "configuration", source)
+
+
+def load_config(path: str | Path) -> FleetConfig:
+    """Read and validate a YAML fleet config file."""
+    return parse_config(read_yaml_file(path, ConfigError, "configuration"), str(path))
