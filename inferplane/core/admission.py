@@ -16,14 +16,16 @@ For each call, in order (the first rule that answers decides):
    the class's threshold: sheddable first, then standard, critical never. A workflow's
    threshold rises with its progress (sunk cost) while within its retry allowance, and a
    new workflow's falls, so new tasks are refused before old ones are killed;
-5. **admit** when nothing of its class or above waits and an endpoint has a free slot,
+5. **admit** when nothing of its class or above waits and an endpoint has a free slot
+   for its class (lower classes leave a share of every endpoint's slots and KV free:
+   the headroom that lets a critical call start at once, ``AdmissionConfig.headroom``),
    else **enqueue** (evicting lower-class, least-protected, newest calls when full; a call
    that would itself be the victim is rejected as ``queue_full``).
 
 Queue order within a tenant is EDF on a key that moves earlier with workflow progress and
 later with attained service. Retry-After is the predicted drain time of the work ahead,
 within [min, max]. Late binding: queued calls leave through :meth:`poll` when their pool
-has a free slot and are routed then, on fresh state. Pure: ``now`` is passed in.
+has a free slot for their class and are routed then, on fresh state. Pure: ``now`` is passed in.
 """
 
 from __future__ import annotations
@@ -112,7 +114,9 @@ class Admission:
                 call, Reject(refusal.code, refusal.reason, self._ra(refusal.retry_after_s))
             )
         uncached = max(0, call.num_prompt_tokens - num_cached_tokens)
-        cap = pool_capacity(call.model, uncached, pool, self.predictor, self.config, now)
+        cap = pool_capacity(
+            call.model, uncached, pool, self.predictor, self.config, now, call.priority
+        )
         decision = self._decide(call, cap, now, size_bytes)
         if isinstance(decision, Reject):
             self.quotas.release(call.request_id, now, num_tokens=0)
@@ -233,21 +237,27 @@ class Admission:
         dispatched call now, on fresh state, and call :meth:`on_finish` when it ends.
         """
         exits = self.queue.expire(now)
-        free: dict[str, int] = {}
+        free: dict[tuple[str, PriorityClass], int] = {}  # per class: headroom differs
+        sent: dict[str, int] = {}  # dispatched in this poll, per model (views predate them)
 
         def can_dispatch(item: QueueItem) -> bool:
-            model = item.call.model
-            if model not in free:
-                pool = pool_for(model)
-                free[model] = sum(free_slots(v, model, self.predictor, self.config) for v in pool)
-            return free[model] > 0
+            model, prio = item.call.model, item.call.priority
+            if (model, prio) not in free:
+                pred, cfg = self.predictor, self.config
+                total = sum(free_slots(v, model, pred, cfg, prio) for v in pool_for(model))
+                free[(model, prio)] = total - sent.get(model, 0)
+            return free[(model, prio)] > 0
 
         budget = len(self.queue) if limit is None else limit
         while budget > 0:
             out = self.queue.pop_next(now, can_dispatch)
             if out is None:
                 break
-            free[out.item.call.model] -= 1
+            model = out.item.call.model
+            sent[model] = sent.get(model, 0) + 1
+            for key in free:  # one slot fewer for every class of that model
+                if key[0] == model:
+                    free[key] -= 1
             exits.append(out)
             budget -= 1
         exits.extend(self.queue.expire(now))  # met while dispatching

@@ -1,4 +1,4 @@
-"""Configuration of admission control: the queue's bounds, the shedding rule, quotas, workflows.
+"""Configuration of admission control: queue bounds, shedding, headroom, quotas, workflows.
 
 Frozen pydantic models with working defaults, so ``AdmissionConfig()`` is a usable
 controller and a fleet YAML names only what it changes. Mounted in the fleet config as
@@ -101,6 +101,28 @@ class WorkflowConfig(_Frozen):
     retry_allowance: int = Field(default=3, ge=0)
 
 
+class HeadroomConfig(_Frozen):
+    """Capacity held back for higher classes, as a share of each endpoint, per class.
+
+    A call of a class is admitted or dispatched to an endpoint only while that endpoint
+    keeps ``slot_share`` of its sequence slots free *after* taking it, and its KV use is
+    under ``kv_threshold - kv_share``. Critical (share 0) may use everything, so critical
+    calls find a slot and KV at once instead of waiting for lower-class work to finish.
+    """
+
+    slot_share: PerClass = PerClass(critical=0.0, standard=0.1, sheddable=0.2)
+    kv_share: PerClass = PerClass(critical=0.0, standard=0.1, sheddable=0.2)
+
+    @model_validator(mode="after")
+    def _check_shares(self) -> HeadroomConfig:
+        for name in ("slot_share", "kv_share"):
+            per: PerClass = getattr(self, name)
+            for value in (per.critical, per.standard, per.sheddable):
+                if not 0.0 <= value < 1.0:
+                    raise ValueError(f"headroom {name} must be in [0, 1): {value}")
+        return self
+
+
 class AdmissionConfig(_Frozen):
     """The admission rule (see :mod:`inferplane.core.admission`)."""
 
@@ -123,6 +145,8 @@ class AdmissionConfig(_Frozen):
     max_retry_after_s: int = Field(default=120, ge=1)
     #: Retry-After when nothing can be predicted (no endpoint takes work).
     unknown_retry_after_s: int = Field(default=5, ge=1)
+    #: Slots and KV kept free for higher classes (critical headroom).
+    headroom: HeadroomConfig = HeadroomConfig()
     queue: QueueConfig = QueueConfig()
     quotas: QuotasConfig = QuotasConfig()
     workflows: WorkflowConfig = WorkflowConfig()

@@ -11,7 +11,9 @@ in-flight counts, which are always current) and the latency predictor:
   in the gateway queue ahead of a class count as more engine waiting, spread over the
   pool, so shedding follows capacity: twice the endpoints hold twice the queue;
 * an endpoint takes a dispatch while KV is under the threshold and its outstanding calls
-  fit its slots plus ``engine_queue_allowance``;
+  fit its slots plus ``engine_queue_allowance``; a class below critical sees both limits
+  lowered by its headroom share (``AdmissionConfig.headroom``), so the last slots and KV
+  of every endpoint stay free for critical calls;
 * queued work drains at the pool's summed prefill and decode rates.
 
 Pure: ``now`` is passed in.
@@ -19,6 +21,7 @@ Pure: ``now`` is passed in.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -27,7 +30,7 @@ from inferplane.core.admission_config import AdmissionConfig
 from inferplane.core.predictor import LatencyEstimate
 from inferplane.core.queueing import WorkAhead
 from inferplane.core.routing_config import EndpointPrior
-from inferplane.core.types import EndpointView
+from inferplane.core.types import EndpointView, PriorityClass
 
 __all__ = ["AdmissionPredictor", "PoolCapacity", "free_slots", "pool_capacity"]
 
@@ -81,12 +84,27 @@ def _outstanding(view: EndpointView) -> int:
 
 
 def free_slots(
-    view: EndpointView, model: str, predictor: AdmissionPredictor, cfg: AdmissionConfig
+    view: EndpointView,
+    model: str,
+    predictor: AdmissionPredictor,
+    cfg: AdmissionConfig,
+    priority: PriorityClass | None = None,
 ) -> int:
-    """Dispatches ``view`` takes now (0 when it accepts no work or its KV is full)."""
-    if not view.state.accepts_work or view.load.kv_usage >= cfg.kv_threshold:
+    """Dispatches of ``priority`` that ``view`` takes now (0: no work accepted, KV full).
+
+    ``priority`` None (or critical, by default) may use the whole endpoint; lower classes
+    stop short of the headroom kept for the classes above them.
+    """
+    if not view.state.accepts_work:
         return 0
-    slots = predictor.prior(view, model).max_num_seqs + cfg.engine_queue_allowance
+    num_seqs = predictor.prior(view, model).max_num_seqs
+    slot_share = kv_share = 0.0
+    if priority is not None:
+        slot_share = cfg.headroom.slot_share.of(priority)
+        kv_share = cfg.headroom.kv_share.of(priority)
+    if view.load.kv_usage >= cfg.kv_threshold - kv_share:
+        return 0
+    slots = num_seqs + cfg.engine_queue_allowance - math.ceil(slot_share * num_seqs)
     return max(0, slots - _outstanding(view))
 
 
@@ -106,13 +124,15 @@ def pool_capacity(
     predictor: AdmissionPredictor,
     cfg: AdmissionConfig,
     now: float,
+    priority: PriorityClass | None = None,
 ) -> PoolCapacity:
-    """Capacity of ``pool`` for a call of ``model`` with that much prompt left to prefill."""
+    """Capacity of ``pool`` for a call of ``model`` and class ``priority`` (None: any class)
+    with that much prompt left to prefill; ``free_slots`` leaves the headroom of the class."""
     accepting = [v for v in pool if v.state.accepts_work]
     if not accepting:
         return PoolCapacity(0, float("inf"), 0, None, 0.0, 0.0)
     sat = sum(endpoint_saturation(v, model, predictor, cfg) for v in accepting)
-    free = sum(free_slots(v, model, predictor, cfg) for v in accepting)
+    free = sum(free_slots(v, model, predictor, cfg, priority) for v in accepting)
     estimates = [predictor.predict(v, model, num_uncached_tokens, now) for v in accepting]
     best = min(estimates, key=lambda e: e.ttft_s)
     prefill_rate = sum(

@@ -10,6 +10,8 @@ import pytest
 from inferplane.core.admission import Admission, Admit, Enqueue, Reject
 from inferplane.core.admission_config import (
     AdmissionConfig,
+    HeadroomConfig,
+    PerClass,
     QueueConfig,
     QuotaLimits,
     QuotasConfig,
@@ -68,7 +70,15 @@ def call(
     )  # fmt: skip
 
 
+NO_HEADROOM = HeadroomConfig(
+    slot_share=PerClass(critical=0.0, standard=0.0, sheddable=0.0),
+    kv_share=PerClass(critical=0.0, standard=0.0, sheddable=0.0),
+)
+
+
 def adm(stub: StubPredictor | None = None, **cfg: object) -> Admission:
+    """A controller without critical headroom unless the test asks (its own tests below)."""
+    cfg.setdefault("headroom", NO_HEADROOM)
     return Admission(AdmissionConfig(**cfg), stub or StubPredictor())  # type: ignore[arg-type]
 
 
@@ -321,3 +331,48 @@ def test_every_call_gets_exactly_one_outcome_under_overload() -> None:
     assert {"finished", "saturated"} <= kinds  # overload did shed, and work was served
     shed_critical = [r for r, o in outcomes.items() if prio[r] is CRIT and o[0] == "saturated"]
     assert shed_critical == []
+
+
+# -- headroom for critical ---------------------------------------------------------------
+
+HEADROOM = HeadroomConfig(
+    slot_share=PerClass(critical=0.0, standard=0.25, sheddable=0.5),
+    kv_share=PerClass(critical=0.0, standard=0.1, sheddable=0.3),
+)
+
+
+def test_lower_classes_leave_slots_free_for_critical() -> None:
+    a = adm(headroom=HEADROOM)  # 4 slots + 1 allowance: standard stops at 4, sheddable at 3
+    pool = busy(in_flight=3)
+    assert isinstance(a.admit(call("s", prio=STD), pool, 0.0), Admit)
+    assert isinstance(a.admit(call("x", prio=SHED), pool, 0.0), Enqueue)
+    pool = busy(in_flight=4)
+    assert isinstance(a.admit(call("s2", prio=STD, tenant="u"), pool, 0.0), Enqueue)
+    assert isinstance(a.admit(call("c", prio=CRIT), pool, 0.0), Admit)
+
+
+def test_lower_classes_leave_kv_free_for_critical() -> None:
+    a = adm(headroom=HEADROOM)  # kv threshold 0.8: standard under 0.7, sheddable under 0.5
+    assert isinstance(a.admit(call("x", prio=SHED), busy(0, kv=0.45), 0.0), Admit)
+    assert isinstance(a.admit(call("x2", prio=SHED), busy(0, kv=0.55), 0.0), Enqueue)
+    assert isinstance(a.admit(call("s", prio=STD), busy(0, kv=0.75), 0.0), Enqueue)
+    assert isinstance(a.admit(call("c", prio=CRIT), busy(0, kv=0.75), 0.0), Admit)
+
+
+def test_poll_dispatches_lower_classes_only_above_their_headroom() -> None:
+    a = adm(headroom=HEADROOM)
+    full = busy(in_flight=5)
+    for rid, prio in (("x", SHED), ("s", STD), ("c", CRIT)):
+        assert isinstance(a.admit(call(rid, prio=prio), full, 0.0), Enqueue)
+    pools = {"m": [view("a", in_flight=3), view("b", in_flight=5)]}  # two slots free on a
+    out = a.poll(1.0, lambda m: pools[m])
+    assert [e.item.request_id for e in out] == ["c"]  # standard would leave no headroom
+    pools["m"] = [view("a", in_flight=1), view("b", in_flight=5)]  # four free on a
+    out = a.poll(2.0, lambda m: pools[m])
+    assert [e.item.request_id for e in out] == ["s", "x"]  # 4-1=3 for std, 3-1=2 for shed
+    assert len(a.queue) == 0
+
+
+def test_headroom_shares_are_validated() -> None:
+    with pytest.raises(ValueError, match="headroom"):
+        HeadroomConfig(slot_share=PerClass(critical=0.0, standard=1.0, sheddable=0.0))
