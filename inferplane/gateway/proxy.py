@@ -114,7 +114,10 @@ class Proxy:
         """
         rel = self.reliability
         rel.begin_call(ctx, self._clock())
-        call = CallState(request, ctx, ex, finish, request.app.get(TRACER_KEY))
+        tracer = request.app.get(TRACER_KEY)
+        call = CallState(
+            request, ctx, ex, finish, tracer if tracer is not None and tracer.enabled else None
+        )
         try:
             return await self._run(call, candidates, on_attempt)
         finally:
@@ -127,10 +130,7 @@ class Proxy:
         on_attempt: Callable[[str, str | None], None],
     ) -> web.StreamResponse:
         rel, ctx = self.reliability, call.ctx
-        error = ApiError(
-            503, f"no endpoint available for model '{ctx.model}'", code="no_endpoint",
-            headers={"Retry-After": "1"},
-        )  # fmt: skip
+        error: ApiError | None = None  # built only when no attempt was made
         retry_reason: str | None = None
         holding = False
         try:
@@ -152,6 +152,11 @@ class Proxy:
         finally:
             if holding:
                 rel.release(ctx)
+        if error is None:
+            error = ApiError(
+                503, f"no endpoint available for model '{ctx.model}'", code="no_endpoint",
+                headers={"Retry-After": "1"},
+            )  # fmt: skip
         return await self._out.give_up(call, error)
 
     def _next(self, candidates: Sequence[Candidate], tried: list[str]) -> Candidate | None:

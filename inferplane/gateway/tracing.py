@@ -119,13 +119,16 @@ class GatewayTracer:
         ) as span:
             yield CallSpan(span)
 
-    @contextlib.contextmanager
-    def hop(self, name: str, **attributes: Any) -> Iterator[Span]:
-        """One hop of the call (``authenticate``, ``context``, ``admit``...)."""
+    def hop(self, name: str, **attributes: Any) -> contextlib.AbstractContextManager[Span]:
+        """One hop of the call (``authenticate``, ``context``, ``admit``...).
+
+        With tracing off this is one shared no-op context (no generator per hop).
+        """
         if name not in _HOPS:
             raise ValueError(f"unknown hop {name!r}")
-        with self._child(name, attributes) as span:
-            yield span
+        if not self.enabled:
+            return _NO_HOP
+        return self._child(name, attributes)
 
     def route(self, decision: RouteDecision, target: str | None = None) -> None:
         """The routing decision: ranked endpoints, predicted TTFT and per-axis scores."""
@@ -208,6 +211,20 @@ def _otlp(endpoint: str) -> SpanExporter:
     return exporter
 
 
+class _NoHop:
+    """The context of a hop when tracing is off: yields the invalid (no-op) span."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> Span:
+        return trace.INVALID_SPAN
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+_NO_HOP = _NoHop()
+
 #: The app's tracer, for the handlers and the proxy: ``request.app[TRACER_KEY]``.
 TRACER_KEY = web.AppKey("inferplane_tracer", GatewayTracer)
 
@@ -240,6 +257,7 @@ def setup_tracing(app: web.Application, config: TracingConfig) -> GatewayTracer:
     async def shutdown(app: web.Application) -> None:
         tracer.shutdown()
 
-    app.middlewares.append(trace_calls)
+    if tracer.enabled:  # off: no middleware at all on the hot path
+        app.middlewares.append(trace_calls)
     app.on_cleanup.append(shutdown)
     return tracer
