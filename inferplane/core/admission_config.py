@@ -105,9 +105,10 @@ class HeadroomConfig(_Frozen):
     """Capacity held back for higher classes, as a share of each endpoint, per class.
 
     A call of a class is admitted or dispatched to an endpoint only while that endpoint
-    keeps ``slot_share`` of its sequence slots free *after* taking it, and its KV use is
-    under ``kv_threshold - kv_share``. Critical (share 0) may use everything, so critical
-    calls find a slot and KV at once instead of waiting for lower-class work to finish.
+    keeps ``floor(slot_share x max_num_seqs)`` of its sequence slots free after taking it
+    (never its last slot), and its KV use is under ``kv_threshold - kv_share``. Critical
+    (share 0) may use everything, so critical calls find a slot and KV at once instead of
+    waiting for lower-class work to finish.
     """
 
     slot_share: PerClass = PerClass(critical=0.0, standard=0.1, sheddable=0.2)
@@ -155,4 +156,7 @@ class AdmissionConfig(_Frozen):
     def _check_retry_after(self) -> AdmissionConfig:
         if self.min_retry_after_s > self.max_retry_after_s:
             raise ValueError("min_retry_after_s is above max_retry_after_s")
+        kv = self.headroom.kv_share
+        if max(kv.critical, kv.standard, kv.sheddable) >= self.kv_threshold:
+            raise ValueError("headroom kv_share must stay below kv_threshold")
         return self

@@ -104,7 +104,8 @@ def free_slots(
         kv_share = cfg.headroom.kv_share.of(priority)
     if view.load.kv_usage >= cfg.kv_threshold - kv_share:
         return 0
-    slots = num_seqs + cfg.engine_queue_allowance - math.ceil(slot_share * num_seqs)
+    # floor: a share < 1 never takes an endpoint's last slot (a 1-slot engine keeps none)
+    slots = num_seqs + cfg.engine_queue_allowance - math.floor(slot_share * num_seqs)
     return max(0, slots - _outstanding(view))
 
 

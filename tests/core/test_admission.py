@@ -376,3 +376,16 @@ def test_poll_dispatches_lower_classes_only_above_their_headroom() -> None:
 def test_headroom_shares_are_validated() -> None:
     with pytest.raises(ValueError, match="headroom"):
         HeadroomConfig(slot_share=PerClass(critical=0.0, standard=1.0, sheddable=0.0))
+
+
+def test_headroom_never_takes_the_last_slot_nor_all_kv() -> None:
+    one = EndpointPrior(max_num_seqs=1, prefill_tokens_per_s=1e4, throughput_tokens_per_s=1e2)
+
+    class OneSlot(StubPredictor):
+        def prior(self, view: EndpointView, model: str) -> EndpointPrior:
+            return one
+
+    a = Admission(AdmissionConfig(engine_queue_allowance=0), OneSlot())
+    assert isinstance(a.admit(call("x", prio=SHED), [view("a")], 0.0), Admit)
+    with pytest.raises(ValueError, match="kv_threshold"):
+        AdmissionConfig(kv_threshold=0.2, headroom=HEADROOM)
