@@ -7,11 +7,16 @@ grow. So an endpoint is ejected (its breaker opens) on any of:
 * ``consecutive_failures`` counted failures in a row (Envoy's consecutive 5xx);
 * a failure rate of at least ``failure_rate`` over ``failure_window_s`` with at least
   ``min_requests`` outcomes;
-* a latency outlier: its median observed/predicted TTFT (or time between tokens) over the
-  recent window is ``latency_ratio`` times the pool's median of the same ratio, and at
-  least ``latency_min_ratio``. Dividing by the prediction made at dispatch (use the
-  predictor's *uncalibrated* ``raw_ttft_s`` / ``raw_tpot_s``, which do not absorb the
-  slowness) makes a busy endpoint's long TTFT expected, a degraded one's not.
+* a latency outlier: the median observed/predicted TTFT (or time between tokens) of its
+  ``latency_recent_samples`` most recent samples (at least ``latency_min_samples`` within
+  ``latency_window_s``) is ``latency_ratio`` times the pool's median of the same ratio, and
+  at least ``latency_min_ratio``. Only the recent samples count, so a GPU that degrades is
+  not outvoted by its own healthy past (routing sends it little once the predictor learns,
+  so fresh samples are few). Dividing by the prediction made at dispatch (the predictor's
+  *uncalibrated* ``raw_ttft_s`` / ``raw_tpot_s``, which do not absorb the slowness) makes a
+  busy endpoint's long TTFT expected, a degraded one's not. Latencies count whatever ended
+  the attempt (a client that gave up on a slow stream measured it too), and ``observe``
+  takes evidence from attempts still running (one overdue by a given ratio).
 
 Only failures the endpoint caused count: a 4xx caused by the request (prompt too long, bad
 JSON), a client that went away, or a 429 (load, which routing and throttling handle) never
@@ -36,6 +41,7 @@ import statistics
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import islice
 
 from inferplane.core.retry import FailureKind
 from inferplane.core.throttle import SlidingCounter
@@ -77,7 +83,8 @@ class BreakerConfig:
     min_requests: int = 10
     latency_ratio: float = 3.0  # x the pool's median observed/predicted ratio
     latency_min_ratio: float = 1.5  # and at least this far above its own prediction
-    latency_min_samples: int = 5  # per endpoint, within the window
+    latency_min_samples: int = 3  # per endpoint, within the window
+    latency_recent_samples: int = 3  # an endpoint's median is over its latest samples
     latency_min_peers: int = 3  # endpoints with enough samples to form a pool median
     latency_window_s: float = 30.0
     latency_max_samples: int = 64
@@ -100,6 +107,9 @@ class BreakerConfig:
             raise ValueError("max_ejection_s must be >= base_ejection_s, forgive_after_s > 0")
         if self.probe_successes < 1 or self.probe_concurrency < 1 or self.latency_ratio <= 1:
             raise ValueError("probe counts must be >= 1 and latency_ratio > 1")
+        recent = self.latency_recent_samples
+        if not self.latency_min_samples <= recent <= self.latency_max_samples:
+            raise ValueError("need latency_min_samples <= recent_samples <= max_samples")
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +176,9 @@ class _Breaker:
             samples.popleft()
         if len(samples) < cfg.latency_min_samples:
             return None
-        return statistics.median(r for _, r in samples)
+        return statistics.median(
+            r for _, r in islice(reversed(samples), cfg.latency_recent_samples)
+        )
 
 
 def _ratio(observed_s: float | None, predicted_s: float | None) -> float | None:
@@ -197,11 +209,7 @@ class BreakerBoard:
 
     def register(self, endpoint: str, pool: str = "") -> None:
         """Add an endpoint (idempotent; a changed pool is updated)."""
-        b = self._breakers.get(endpoint)
-        if b is None:
-            self._breakers[endpoint] = _Breaker.new(pool, self._cfg)
-        else:
-            b.pool = pool
+        self._get(endpoint, pool).pool = pool
 
     def remove(self, endpoint: str) -> None:
         self._breakers.pop(endpoint, None)
@@ -250,20 +258,18 @@ class BreakerBoard:
 
     def record(self, endpoint: str, outcome: Outcome, now: float) -> list[BreakerEvent]:
         """Count one finished attempt; returns the transitions it caused."""
-        b = self._breakers.get(endpoint)
-        if b is None:
-            self.register(endpoint)
-            b = self._breakers[endpoint]
+        b = self._get(endpoint)
         if b.state is BreakerState.HALF_OPEN:
             b.probes_in_flight = max(0, b.probes_in_flight - 1)
-        failure = outcome.failure
-        if failure is not None and not failure.counts_against_endpoint:
-            return []  # the request's fault, the client's, or load: not the endpoint's
         if b.state is BreakerState.OPEN:
             return []  # late answers from before the ejection
-        self._add_samples(b, outcome, now)
+        failure = outcome.failure
+        counted = failure is None or failure.counts_against_endpoint
         if b.state is BreakerState.HALF_OPEN:
-            return self._probe_result(endpoint, b, outcome, now)
+            return self._probe_result(endpoint, b, outcome, now, counted=counted)
+        self._add_samples(b, outcome, now)  # latencies count however the attempt ended
+        if not counted:
+            return []  # the request's fault, the client's, or load: not the endpoint's
         if failure is None:
             b.consecutive = 0
             b.counts.add(now, _OK)
@@ -271,6 +277,31 @@ class BreakerBoard:
         b.consecutive += 1
         b.counts.add(now, _FAIL)
         return self._check_failures(endpoint, b, now)
+
+    def observe_overdue(self, endpoint: str, ratio: float, now: float) -> list[BreakerEvent]:
+        """An attempt still running on ``endpoint`` has taken ``ratio`` x its predicted
+        duration already: a lower bound on its slowness, counted as one time-between-tokens
+        sample (a probe that overdue fails at once). Call it once per attempt."""
+        b = self._get(endpoint)
+        outcome = Outcome(tbt_s=ratio, predicted_tbt_s=1.0)
+        if b.state is BreakerState.HALF_OPEN:
+            return self._probe_result(endpoint, b, outcome, now, counted=False)
+        if b.state is BreakerState.CLOSED:
+            self._add_samples(b, outcome, now)
+        return []
+
+    def latency_limit(self, endpoint: str, now: float) -> float:
+        """The observed/predicted ratio above which an attempt on ``endpoint`` is slow now
+        (against its pool's median time between tokens, or its prediction without peers)."""
+        b = self._breakers.get(endpoint)
+        pool = None if b is None else self._pool_median(b.pool, 1, now)
+        return self._limit(1.0 if pool is None else pool)
+
+    def _get(self, endpoint: str, pool: str = "") -> _Breaker:
+        b = self._breakers.get(endpoint)
+        if b is None:
+            b = self._breakers[endpoint] = _Breaker.new(pool, self._cfg)
+        return b
 
     def _add_samples(self, b: _Breaker, outcome: Outcome, now: float) -> None:
         for samples, ratio in zip(b.ratios, _ratios(outcome), strict=True):
@@ -290,12 +321,16 @@ class BreakerBoard:
         return []
 
     def _probe_result(
-        self, endpoint: str, b: _Breaker, outcome: Outcome, now: float
+        self, endpoint: str, b: _Breaker, outcome: Outcome, now: float, *, counted: bool = True
     ) -> list[BreakerEvent]:
+        """A probe's outcome; one not counted (cancelled, still running) fails only if slow."""
         slow = self._outlier_reason(b, outcome, now)
-        if outcome.failure is not None or slow is not None:
-            why = f"probe {outcome.failure.value}" if outcome.failure else f"probe slow: {slow}"
+        failed = outcome.failure if counted else None
+        if failed is not None or slow is not None:
+            why = f"probe slow: {slow}" if slow else f"probe {failed.value if failed else ''}"
             return [self._open(endpoint, b, now, Trigger.PROBE_FAILED, why)]
+        if not counted:
+            return []
         b.probe_ok += 1
         if b.probe_ok < self._cfg.probe_successes:
             return []

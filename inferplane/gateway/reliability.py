@@ -10,17 +10,26 @@ a pool being the first model an endpoint serves), and per pool one ``RetryBudget
   absorbs a degraded GPU's slowness), against which ``record`` measures each attempt;
 * ``record`` when an attempt ends: the breaker counts it; a transition (ejection, probe,
   return) is logged and mirrored in the tracker (EJECTED while the breaker is open);
+  latencies count however the attempt ended (a client that gave up on a slow stream
+  measured it as well as one that waited);
 * ``may_retry`` / ``release``: the retry decision and the budget slot it holds.
 
 Time-driven breaker transitions (ejection expiry, latency outliers) are swept at most once
 per ``sweep_interval_s`` from the hot path (``maybe_sweep``), so no background task is
-needed: with no traffic nobody needs the answer.
+needed: with no traffic nobody needs the answer. The sweep also looks at the attempts still
+running: a degraded GPU's streams are slow to *end* (and its clients time out first), so an
+attempt already running longer than the breaker's latency limit times its predicted whole
+duration (TTFT + TPOT x (max_tokens - 1)) is reported at once, as a lower bound
+(``BreakerBoard.observe_overdue``). Attempts are told apart by the asyncio task that runs
+them (``predict`` at dispatch and ``record`` at the end run in the proxy's handler task).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
+import weakref
 from collections import Counter
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
@@ -50,6 +59,16 @@ class AttemptTiming:
     predicted_tbt_s: float | None = None
 
 
+@dataclass(slots=True)
+class _Running:
+    """An attempt in progress: where, since when, and how long it should take in all."""
+
+    endpoint: str
+    started_s: float
+    predicted_s: float | None  # TTFT + TPOT x (max_tokens - 1); None: unknown length
+    overdue: bool = False  # reported to the breaker already
+
+
 class Reliability:
     """Breakers, retry budgets and throttles of one gateway (used from its event loop)."""
 
@@ -77,6 +96,9 @@ class Reliability:
         self._active: Counter[str] = Counter()
         self._restore: dict[str, EndpointState] = {}  # state to return to after ejection
         self._last_sweep_s = clock()
+        self._running: weakref.WeakKeyDictionary[asyncio.Task[object], _Running] = (
+            weakref.WeakKeyDictionary()
+        )
         self.counts: Counter[str] = Counter()  # retries, denials, resumptions, ejections
         tracker.attach_reliability(self)
 
@@ -127,11 +149,18 @@ class Reliability:
     def predict(
         self, endpoint: str, ctx: RequestContext, now: float
     ) -> tuple[float | None, float | None]:
-        """The uncalibrated (TTFT, TPOT) predicted for ``ctx`` on ``endpoint`` now."""
+        """The uncalibrated (TTFT, TPOT) predicted for ``ctx`` on ``endpoint`` now; the
+        attempt is watched until ``record`` (called from the same task) ends it."""
         if self.predictor is None:
             return None, None
         view = self._tracker.view(endpoint, now)
         est = self.predictor.predict(view, ctx.model, ctx.num_prompt_tokens, now)
+        task = _current_task()
+        if task is not None and self.config.breaker.enabled:
+            total = None
+            if ctx.max_tokens is not None and ctx.max_tokens > 0:
+                total = est.raw_ttft_s + est.raw_tpot_s * (ctx.max_tokens - 1)
+            self._running[task] = _Running(endpoint, now, total)
         return est.raw_ttft_s, est.raw_tpot_s
 
     def dispatch(self, endpoint: str) -> None:
@@ -144,9 +173,12 @@ class Reliability:
         """One attempt on ``endpoint`` ended (``failure`` None: it succeeded)."""
         if not self.config.breaker.enabled:
             return
-        outcome = Outcome(
-            failure, timing.ttft_s, timing.predicted_ttft_s, timing.tbt_s, timing.predicted_tbt_s
-        )
+        tbt_s, predicted_tbt_s = timing.tbt_s, timing.predicted_tbt_s
+        task = _current_task()
+        running = None if task is None else self._running.pop(task, None)
+        if running is not None and running.endpoint == endpoint and running.overdue:
+            tbt_s = predicted_tbt_s = None  # its slowness is counted already
+        outcome = Outcome(failure, timing.ttft_s, timing.predicted_ttft_s, tbt_s, predicted_tbt_s)
         self._apply(self.board.record(endpoint, outcome, now))
         self.maybe_sweep(now)
 
@@ -184,7 +216,23 @@ class Reliability:
             return
         if now - self._last_sweep_s >= self.config.breaker.sweep_interval_s:
             self._last_sweep_s = now
+            self._check_running(now)
             self._apply(self.board.sweep(now))
+
+    def _check_running(self, now: float) -> None:
+        """Report each attempt running past its endpoint's latency limit, once."""
+        limits: dict[str, float] = {}
+        for running in list(self._running.values()):
+            if running.overdue or not running.predicted_s:
+                continue
+            ratio = (now - running.started_s) / running.predicted_s
+            name = running.endpoint
+            if name not in limits:
+                limits[name] = self.board.latency_limit(name, now)
+            if ratio >= limits[name]:
+                running.overdue = True
+                self.counts["overdue_attempts"] += 1
+                self._apply(self.board.observe_overdue(name, ratio, now))
 
     def _apply(self, events: list[BreakerEvent]) -> None:
         for event in events:
@@ -215,3 +263,10 @@ class Reliability:
             "retries_in_flight": {p: b.in_flight for p, b in self._budgets.items()},
             "active": dict(self._active),
         }
+
+
+def _current_task() -> asyncio.Task[object] | None:
+    try:
+        return asyncio.current_task()
+    except RuntimeError:  # no running loop (a synchronous caller, as in unit tests)
+        return None

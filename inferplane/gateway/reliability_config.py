@@ -9,7 +9,7 @@ byte retried on the next ranked endpoint, no ejection, no resumption).
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from inferplane.core.breaker import BreakerConfig
 from inferplane.core.retry import RetryConfig
@@ -38,14 +38,20 @@ class BreakerSection(_Frozen):
     min_requests: int = Field(default=10, ge=1)
     latency_ratio: float = Field(default=3.0, gt=1)
     latency_min_ratio: float = Field(default=1.5, gt=0)
-    latency_min_samples: int = Field(default=5, ge=1)
+    latency_min_samples: int = Field(default=3, ge=1)
+    latency_recent_samples: int = Field(default=3, ge=1)
     latency_window_s: float = Field(default=30.0, gt=0)
     base_ejection_s: float = Field(default=30.0, gt=0)
     max_ejection_s: float = Field(default=300.0, gt=0)
-    max_ejected_share: float = Field(default=0.2, ge=0, le=1)
+    max_ejected_share: float = Field(default=0.25, ge=0, le=1)  # 2 of an 8-engine pool
     probe_successes: int = Field(default=3, ge=1)
     forgive_after_s: float = Field(default=300.0, gt=0)
     sweep_interval_s: float = Field(default=1.0, gt=0)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> BreakerSection:
+        self.to_core()  # the core checks the fields against each other (ValueError)
+        return self
 
     def to_core(self) -> BreakerConfig:
         fields = self.model_dump(exclude={"enabled", "sweep_interval_s"})

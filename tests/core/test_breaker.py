@@ -190,13 +190,15 @@ def test_latency_outlier_table(ratios: list[float], ejected: list[str]) -> None:
 
 
 def test_latency_samples_expire_and_need_a_minimum() -> None:
-    board = _board(4, BreakerConfig(latency_window_s=10.0, latency_min_samples=5))
+    board = _board(
+        4, BreakerConfig(latency_window_s=10.0, latency_min_samples=5, latency_recent_samples=5)
+    )
     for t in range(5):
         for i in range(3):
             board.record(f"e{i}", _slow(1.0), float(t))
         board.record("e3", _slow(6.0), float(t))
     assert board.sweep(100.0) == []  # the evidence is old
-    board2 = _board(4)
+    board2 = _board(4, BreakerConfig(latency_min_samples=5, latency_recent_samples=5))
     for t in range(4):  # 4 samples < 5
         for i in range(4):
             board2.record(f"e{i}", _slow(6.0 if i == 3 else 1.0), float(t))
@@ -298,3 +300,56 @@ def test_ejected_share_never_above_the_cap(
         assert board.ejected("p")[0] <= cap
         board.sweep(now)
         assert board.ejected("p")[0] <= cap
+
+
+def test_a_step_change_is_not_outvoted_by_the_endpoints_healthy_past() -> None:
+    board = _board(8, BreakerConfig(max_ejected_share=0.25))
+    for t in range(30):  # 30 s of healthy history everywhere
+        for i in range(8):
+            board.record(f"e{i}", _slow(1.0), float(t) * 0.5)
+    assert board.sweep(15.0) == []
+    # e0 degrades 5x; routing now sends it little: a slow attempt every 2 s.
+    triggers = []
+    for now in (16.0, 18.0, 20.0):
+        board.record("e0", _slow(5.0), now)
+        for i in range(1, 8):
+            board.record(f"e{i}", _slow(1.0), now)
+        triggers += [(now, ev.endpoint, ev.trigger) for ev in board.sweep(now)]
+    # 2 of its 3 latest samples are slow: out, though 30 healthy ones are in the window.
+    assert triggers == [(18.0, "e0", Trigger.LATENCY_OUTLIER)]
+
+
+def _tbt(ratio: float) -> Outcome:
+    return Outcome(tbt_s=0.02 * ratio, predicted_tbt_s=0.02)
+
+
+def test_latency_of_an_attempt_the_client_gave_up_on_counts() -> None:
+    board = _board(4)
+    for t in range(5):
+        for i in range(3):
+            board.record(f"e{i}", _tbt(1.0), float(t))
+        gave_up = Outcome(FailureKind.CANCELLED, tbt_s=0.1, predicted_tbt_s=0.02)
+        assert board.record("e3", gave_up, float(t)) == []  # not a failure of its own
+    (ev,) = board.sweep(5.0)
+    assert (ev.endpoint, ev.trigger) == ("e3", Trigger.LATENCY_OUTLIER)
+    assert "TBT 5.00x" in ev.reason
+
+
+def test_overdue_attempts_are_evidence_and_fail_a_probe() -> None:
+    board = _board(4)
+    for t in range(5):
+        for i in range(3):
+            board.record(f"e{i}", _tbt(1.0), float(t))
+    assert board.latency_limit("e3", 5.0) == pytest.approx(3.0)  # 3 x pool median 1.0
+    for now in (5.0, 6.0):
+        assert board.observe_overdue("e3", 4.0, now) == []
+    assert board.sweep(6.5) == []  # two samples < latency_min_samples
+    board.observe_overdue("e3", 4.0, 7.0)
+    (ev,) = board.sweep(7.0)
+    assert ev.trigger is Trigger.LATENCY_OUTLIER
+    board.sweep(7.0 + 30.0)  # half-open: a probe goes out and is overdue
+    assert board.state("e3") is BreakerState.HALF_OPEN
+    board.on_dispatch("e3")
+    assert board.observe_overdue("e3", 2.0, 38.0) == []  # no fresh peers: limit 3x
+    (ev,) = board.observe_overdue("e3", 4.0, 38.5)
+    assert ev.trigger is Trigger.PROBE_FAILED and board.state("e3") is BreakerState.OPEN
