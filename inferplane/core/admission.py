@@ -17,9 +17,10 @@ For each call, in order (the first rule that answers decides):
    threshold rises with its progress (sunk cost) while within its retry allowance, and a
    new workflow's falls, so new tasks are refused before old ones are killed;
 5. **admit** when nothing of its class or above waits and an endpoint has a free slot
-   for its class (lower classes leave a share of every endpoint's slots and KV free:
-   the headroom that lets a critical call start at once, ``AdmissionConfig.headroom``),
-   else **enqueue** (evicting lower-class, least-protected, newest calls when full; a call
+   for its class (lower classes leave a share of every endpoint's slots and KV free, and
+   are held while the predicted wait at the best endpoint is over their cap: the headroom
+   that lets a critical call start at once, ``AdmissionConfig.headroom``), else
+   **enqueue** (evicting lower-class, least-protected, newest calls when full; a call
    that would itself be the victim is rejected as ``queue_full``).
 
 Queue order within a tenant is EDF on a key that moves earlier with workflow progress and
@@ -36,7 +37,12 @@ from dataclasses import dataclass
 
 from inferplane.core.admission_config import AdmissionConfig
 from inferplane.core.admission_stats import AdmissionSnapshot, AdmissionStats
-from inferplane.core.capacity import AdmissionPredictor, PoolCapacity, free_slots, pool_capacity
+from inferplane.core.capacity import (
+    AdmissionPredictor,
+    DispatchBudget,
+    PoolCapacity,
+    pool_capacity,
+)
 from inferplane.core.predictor import LatencyPredictor
 from inferplane.core.queueing import ExitKind, QueueExit, QueueItem, RequestQueue
 from inferplane.core.quotas import QuotaBook
@@ -149,7 +155,8 @@ class Admission:
         if sat >= limit:
             msg = f"{prio.value} shed: pool saturation {sat:.2f} >= {limit:.2f}"
             return Reject("saturated", msg, self._ra(drain_s), 429, sat)
-        if ahead.num_calls == 0 and cap.free_slots > 0:
+        held = cap.best.wait_s > cfg.headroom.max_wait_s.of(prio)  # engines' queues too long
+        if ahead.num_calls == 0 and cap.free_slots > 0 and not held:
             return Admit("admitted", sat, ttft_s)
         return self._enqueue(call, cap, ttft_s, standing, now, size_bytes, sat, drain_s)
 
@@ -237,27 +244,13 @@ class Admission:
         dispatched call now, on fresh state, and call :meth:`on_finish` when it ends.
         """
         exits = self.queue.expire(now)
-        free: dict[tuple[str, PriorityClass], int] = {}  # per class: headroom differs
-        sent: dict[str, int] = {}  # dispatched in this poll, per model (views predate them)
-
-        def can_dispatch(item: QueueItem) -> bool:
-            model, prio = item.call.model, item.call.priority
-            if (model, prio) not in free:
-                pred, cfg = self.predictor, self.config
-                total = sum(free_slots(v, model, pred, cfg, prio) for v in pool_for(model))
-                free[(model, prio)] = total - sent.get(model, 0)
-            return free[(model, prio)] > 0
-
+        room = DispatchBudget(pool_for, self.predictor, self.config, now)
         budget = len(self.queue) if limit is None else limit
         while budget > 0:
-            out = self.queue.pop_next(now, can_dispatch)
+            out = self.queue.pop_next(now, lambda item: room.allows(item.call))
             if out is None:
                 break
-            model = out.item.call.model
-            sent[model] = sent.get(model, 0) + 1
-            for key in free:  # one slot fewer for every class of that model
-                if key[0] == model:
-                    free[key] -= 1
+            room.charge(out.item.call)
             exits.append(out)
             budget -= 1
         exits.extend(self.queue.expire(now))  # met while dispatching

@@ -109,10 +109,19 @@ class HeadroomConfig(_Frozen):
     (never its last slot), and its KV use is under ``kv_threshold - kv_share``. Critical
     (share 0) may use everything, so critical calls find a slot and KV at once instead of
     waiting for lower-class work to finish.
+
+    Slots and KV rarely bind first: an engine's batch holds hundreds of sequences, and
+    long before they fill, the prefill work queued at the engines delays every new call.
+    So a lower class is also admitted or dispatched only while the predicted wait at the
+    best endpoint (queued prefill, decode interference, slot wait) is at most its
+    ``max_wait_s``: the engines' queues stay short enough for a critical call arriving
+    next to meet a TTFT budget of a few seconds, and the rest waits in the gateway queue,
+    where critical calls overtake it.
     """
 
     slot_share: PerClass = PerClass(critical=0.0, standard=0.1, sheddable=0.2)
     kv_share: PerClass = PerClass(critical=0.0, standard=0.1, sheddable=0.2)
+    max_wait_s: PerClass = PerClass(critical=float("inf"), standard=1.0, sheddable=0.5)
 
     @model_validator(mode="after")
     def _check_shares(self) -> HeadroomConfig:
@@ -121,6 +130,9 @@ class HeadroomConfig(_Frozen):
             for value in (per.critical, per.standard, per.sheddable):
                 if not 0.0 <= value < 1.0:
                     raise ValueError(f"headroom {name} must be in [0, 1): {value}")
+        wait = self.max_wait_s
+        if min(wait.critical, wait.standard, wait.sheddable) <= 0:
+            raise ValueError("headroom max_wait_s must be > 0")
         return self
 
 

@@ -14,6 +14,8 @@ in-flight counts, which are always current) and the latency predictor:
   fit its slots plus ``engine_queue_allowance``; a class below critical sees both limits
   lowered by its headroom share (``AdmissionConfig.headroom``), so the last slots and KV
   of every endpoint stay free for critical calls;
+* a class below critical is also held back while the predicted wait at the pool's best
+  endpoint exceeds its ``headroom.max_wait_s`` (:class:`DispatchBudget` at dispatch);
 * queued work drains at the pool's summed prefill and decode rates.
 
 Pure: ``now`` is passed in.
@@ -22,7 +24,7 @@ Pure: ``now`` is passed in.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -30,9 +32,15 @@ from inferplane.core.admission_config import AdmissionConfig
 from inferplane.core.predictor import LatencyEstimate
 from inferplane.core.queueing import WorkAhead
 from inferplane.core.routing_config import EndpointPrior
-from inferplane.core.types import EndpointView, PriorityClass
+from inferplane.core.types import CallContext, EndpointView, PriorityClass
 
-__all__ = ["AdmissionPredictor", "PoolCapacity", "free_slots", "pool_capacity"]
+__all__ = [
+    "AdmissionPredictor",
+    "DispatchBudget",
+    "PoolCapacity",
+    "free_slots",
+    "pool_capacity",
+]
 
 _RATE_PROBE_TOKENS = 100_000
 
@@ -76,6 +84,66 @@ class PoolCapacity:
             ahead.prompt_tokens / self.prefill_tokens_per_s
             + ahead.output_tokens / self.output_tokens_per_s
         )
+
+
+def prefill_rate(
+    pool: Sequence[EndpointView], model: str, predictor: AdmissionPredictor, now: float
+) -> float:
+    """Summed prefill tokens/s of the endpoints of ``pool`` that take work (0: none)."""
+    return sum(
+        _RATE_PROBE_TOKENS / max(1e-9, predictor.prefill_s(v, model, _RATE_PROBE_TOKENS, now))
+        for v in pool
+        if v.state.accepts_work
+    )
+
+
+class DispatchBudget:
+    """What one dispatch pass may still send, per model and class.
+
+    Free slots per class (headroom left), and the least predicted wait over the pool's
+    endpoints, both charged for the calls this pass already sent: the views predate them.
+    A sent call adds its prompt to the wait at the pool's summed prefill rate.
+    """
+
+    def __init__(
+        self,
+        pool_for: Callable[[str], Sequence[EndpointView]],
+        predictor: AdmissionPredictor,
+        cfg: AdmissionConfig,
+        now: float,
+    ) -> None:
+        self._pool_for, self._predictor, self._cfg, self._now = pool_for, predictor, cfg, now
+        self._free: dict[tuple[str, PriorityClass], int] = {}
+        self._wait: dict[str, tuple[float, float]] = {}  # model: (least wait s, prefill rate)
+        self._sent: dict[str, tuple[int, int]] = {}  # model: (calls, prompt tokens)
+
+    def allows(self, call: CallContext) -> bool:
+        """Whether ``call`` may be dispatched now (a slot for its class, wait under its cap)."""
+        model, prio = call.model, call.priority
+        calls, tokens = self._sent.get(model, (0, 0))
+        if (model, prio) not in self._free:
+            pool, pred, cfg = self._pool_for(model), self._predictor, self._cfg
+            self._free[(model, prio)] = sum(free_slots(v, model, pred, cfg, prio) for v in pool)
+        if self._free[(model, prio)] - calls <= 0:
+            return False
+        max_wait_s = self._cfg.headroom.max_wait_s.of(prio)
+        if math.isinf(max_wait_s):
+            return True
+        wait_s, rate = self._least_wait(model)
+        return bool(wait_s + (tokens / rate if rate > 0 else 0.0) <= max_wait_s)
+
+    def charge(self, call: CallContext) -> None:
+        """``call`` was dispatched."""
+        calls, tokens = self._sent.get(call.model, (0, 0))
+        self._sent[call.model] = (calls + 1, tokens + call.num_prompt_tokens)
+
+    def _least_wait(self, model: str) -> tuple[float, float]:
+        if model not in self._wait:
+            pool, pred, now = self._pool_for(model), self._predictor, self._now
+            waits = [pred.predict(v, model, 0, now).wait_s for v in pool if v.state.accepts_work]
+            rate = prefill_rate(pool, model, pred, now)
+            self._wait[model] = (min(waits, default=float("inf")), rate)
+        return self._wait[model]
 
 
 def _outstanding(view: EndpointView) -> int:
@@ -136,11 +204,6 @@ def pool_capacity(
     free = sum(free_slots(v, model, predictor, cfg, priority) for v in accepting)
     estimates = [predictor.predict(v, model, num_uncached_tokens, now) for v in accepting]
     best = min(estimates, key=lambda e: e.ttft_s)
-    prefill_rate = sum(
-        _RATE_PROBE_TOKENS / max(1e-9, predictor.prefill_s(v, model, _RATE_PROBE_TOKENS, now))
-        for v in accepting
-    )
+    rate = prefill_rate(accepting, model, predictor, now)
     out_rate = sum(predictor.throughput_tokens_per_s(v, model, now) for v in accepting)
-    return PoolCapacity(
-        len(accepting), sat / len(accepting), free, best, prefill_rate, max(1e-9, out_rate)
-    )
+    return PoolCapacity(len(accepting), sat / len(accepting), free, best, rate, max(1e-9, out_rate))

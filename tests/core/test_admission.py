@@ -70,9 +70,11 @@ def call(
     )  # fmt: skip
 
 
+INF = float("inf")
 NO_HEADROOM = HeadroomConfig(
     slot_share=PerClass(critical=0.0, standard=0.0, sheddable=0.0),
     kv_share=PerClass(critical=0.0, standard=0.0, sheddable=0.0),
+    max_wait_s=PerClass(critical=INF, standard=INF, sheddable=INF),
 )
 
 
@@ -389,3 +391,27 @@ def test_headroom_never_takes_the_last_slot_nor_all_kv() -> None:
     assert isinstance(a.admit(call("x", prio=SHED), [view("a")], 0.0), Admit)
     with pytest.raises(ValueError, match="kv_threshold"):
         AdmissionConfig(kv_threshold=0.2, headroom=HEADROOM)
+
+
+WAIT_CAP = NO_HEADROOM.model_copy(
+    update={"max_wait_s": PerClass(critical=INF, standard=1.0, sheddable=0.5)}
+)
+
+
+def test_lower_classes_are_held_while_the_engines_queue_too_long() -> None:
+    a = adm(StubPredictor(wait_s=0.6), headroom=WAIT_CAP)
+    assert isinstance(a.admit(call("x", prio=SHED), IDLE, 0.0), Enqueue)  # 0.6 > 0.5
+    assert isinstance(a.admit(call("s", prio=STD), IDLE, 0.0), Admit)  # 0.6 <= 1.0
+    assert isinstance(a.admit(call("c", prio=CRIT), IDLE, 0.0), Admit)
+    assert a.poll(1.0, lambda m: IDLE) == []  # still over the cap: stays queued
+
+
+def test_dispatch_charges_the_wait_of_the_calls_it_sends() -> None:
+    a = adm(StubPredictor(wait_s=0.4), headroom=WAIT_CAP)
+    full = busy(in_flight=5)
+    for i in range(3):
+        assert isinstance(a.admit(call(f"x{i}", prio=SHED, prompt=2000), full, 0.0), Enqueue)
+    # Pool prefill rate 2 x 10k tok/s: each 2000-token call adds 0.1 s to the 0.4 s wait.
+    out = a.poll(1.0, lambda m: IDLE)
+    assert [e.item.request_id for e in out] == ["x0", "x1"]  # 0.4, 0.5 <= 0.5; 0.6 is not
+    assert len(a.queue) == 1
