@@ -127,7 +127,11 @@ class Gateway:
         gw = self.config.gateway
         self.clock = asyncio.get_running_loop().time
         connector = aiohttp.TCPConnector(limit=gw.max_connections, limit_per_host=0)
-        self.session = aiohttp.ClientSession(connector=connector)
+        # No cookie jar: engines' cookies are not ours to keep, and an empty jar still costs
+        # a lookup on every upstream request.
+        self.session = aiohttp.ClientSession(
+            connector=connector, cookie_jar=aiohttp.DummyCookieJar()
+        )
         infos = [e.info() for e in self.config.endpoints]
         self.recorder = Recorder(
             infos,

@@ -10,7 +10,7 @@ nowhere else. Anything malformed becomes an :class:`ApiError` naming the bad hea
 from __future__ import annotations
 
 import hashlib
-import os
+import random
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -124,7 +124,9 @@ def request_id_from(headers: Mapping[str, str]) -> str:
     given = headers.get("X-Request-Id")
     if given and _SAFE_ID.match(given):
         return given
-    return os.urandom(16).hex()  # as random as uuid4().hex, at a fifth of the cost
+    # 128 random bits as 32 hex digits, like uuid4().hex without a syscall per call (the
+    # module's generator is reseeded in forked workers, so ids stay distinct across them).
+    return f"{random.getrandbits(128):032x}"
 
 
 def _positive_ms(headers: Mapping[str, str], name: str) -> float | None:

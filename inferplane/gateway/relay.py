@@ -96,12 +96,17 @@ class Responder:
         ex.first_token(self.clock())
         ex.last_chunk_s = ex.first_token_s
         ex.status, ex.completed = 200, True
-        headers = {"X-Inferplane-Endpoint": ex.endpoint or "", "X-Request-Id": call.ctx.request_id}
-        headers.update(ex.extra_headers)
+        headers = {
+            "Content-Type": "application/json",
+            "X-Inferplane-Endpoint": ex.endpoint or "",
+            "X-Request-Id": call.ctx.request_id,
+        }
+        if ex.extra_headers:
+            headers.update(ex.extra_headers)
         cost = call.finish(ex)
         if cost is not None:
             headers["X-Inferplane-Cost-Usd"] = format(cost, ".12g")
-        return web.Response(status=200, body=raw, content_type="application/json", headers=headers)
+        return web.Response(body=raw, headers=headers)  # Content-Type given: no parsing
 
     async def stream(self, call: CallState, resp: aiohttp.ClientResponse) -> web.StreamResponse:
         ex, ctx = call.ex, call.ctx
