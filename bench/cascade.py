@@ -6,16 +6,19 @@ timeout is retried from scratch, up to 3 times. Half the calls are critical. Sce
 seed both runs): at ``--slow-at-s`` one engine slows down 5x; at ``--crash-at-s`` a second
 one crashes (every stream on it is cut) and restarts cold.
 
-* on: outlier ejection, retry budget with back-off, stream resumption (the defaults);
+* on: the fleet config's ``reliability`` defaults (outlier ejection, retry budget with
+  back-off, stream resumption);
 * off: plain retries on the next endpoint before the first byte, no ejection, no budget,
   no resumption.
 
 Reported per window: goodput (calls completed per second), p99 client-observed TTFT,
 retries (client + gateway) as a share of calls, and the queue depth (waiting requests) of
-each engine; at the end: calls and critical calls completed, interrupted streams, streams
-with lost or repeated tokens (token chunks received != max_tokens, or usage disagreeing),
-and wasted work (tokens generated then thrown away by client retries, plus prefill
-recomputed by resumptions). Results go to bench/results/cascade.json.
+each engine; at the end: calls and critical calls completed, interrupted streams and how
+many of them completed, tokens lost or duplicated (token chunks received vs max_tokens,
+usage disagreeing), engines past saturation (llm-d's: waiting/5 or KV use/0.8 >= 1), and
+wasted work: tokens the engines generated (prefilled) beyond what the completed calls
+needed, from their own counters, converted to GPU-seconds with the engine profile (decode
+priced at the mean batch observed). Results go to bench/results/cascade.json.
 
     .venv/bin/python bench/cascade.py [--duration-s 40] [--rate 12] [--time-scale 4]
 """
@@ -26,6 +29,7 @@ import argparse
 import asyncio
 import json
 import random
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,17 +39,14 @@ import orjson
 
 from inferplane.config import parse_config
 from inferplane.engine.fleet import EngineSpec, Fleet
+from inferplane.engine.profiles import load_profile
 from inferplane.gateway.app import Gateway, start_server
-from inferplane.gateway.proxy import Proxy
-from inferplane.gateway.reliability_config import (
-    BreakerSection,
-    ReliabilityConfig,
-    ResumptionSection,
-    RetrySection,
-)
+from inferplane.gateway.priors import prior_from_profile
 
 MODEL = "llama-3-8b"
+GPU = "h100"
 RESULTS = Path(__file__).parent / "results" / "cascade.json"
+_COUNTERS = (b"vllm:generation_tokens_total", b"vllm:prompt_tokens_total")
 
 
 @dataclass
@@ -59,6 +60,8 @@ class Record:
     ttft_s: float | None = None
     client_retries: int = 0
     tokens_ok: bool = True
+    lost_tokens: int = 0  # completed with fewer token chunks than asked
+    duplicated_tokens: int = 0  # completed with more
     interrupted: bool = False  # some try saw a broken or error-ended stream
     wasted_tokens: int = 0  # tokens received by tries that were then retried
 
@@ -66,7 +69,10 @@ class Record:
 @dataclass
 class Run:
     records: list[Record] = field(default_factory=list)
-    queue_samples: list[tuple[float, list[int]]] = field(default_factory=list)
+    # (t, per engine: (waiting, running, kv use))
+    load_samples: list[tuple[float, list[tuple[int, int, float]]]] = field(default_factory=list)
+    counters: dict[str, list[float]] = field(default_factory=dict)  # engine -> totals so far
+    last_seen: dict[str, list[float]] = field(default_factory=dict)
 
 
 async def _one_try(
@@ -120,6 +126,8 @@ async def _call(
         if ok:
             rec.ok, rec.ttft_s, rec.end_s = True, ttft, loop.time()
             rec.tokens_ok = chunks == max_tokens and usage in (None, max_tokens)
+            rec.lost_tokens = max(0, max_tokens - chunks)
+            rec.duplicated_tokens = max(0, chunks - max_tokens)
             return
         rec.wasted_tokens += chunks
         if attempt < 3:
@@ -127,14 +135,12 @@ async def _call(
     rec.end_s = loop.time()
 
 
-def _configs(mode: str) -> ReliabilityConfig:
+def _reliability(mode: str) -> dict[str, Any]:
+    """The fleet config's ``reliability`` section: the defaults, or everything off."""
     if mode == "on":
-        return ReliabilityConfig(breaker=BreakerSection(base_ejection_s=10.0))
-    return ReliabilityConfig(
-        breaker=BreakerSection(enabled=False),
-        retry=RetrySection(enabled=False),
-        resumption=ResumptionSection(enabled=False),
-    )
+        return {}
+    return {"breaker": {"enabled": False}, "retry": {"enabled": False},
+            "resumption": {"enabled": False}}  # fmt: skip
 
 
 async def _admin(session: aiohttp.ClientSession, url: str, faults: dict[str, Any]) -> None:
@@ -142,27 +148,57 @@ async def _admin(session: aiohttp.ClientSession, url: str, faults: dict[str, Any
         await resp.read()
 
 
+async def _scrape(session: aiohttp.ClientSession, url: str) -> list[float] | None:
+    """The engine's (generated, prefilled) token counters; None while it is down."""
+    try:
+        async with asyncio.timeout(0.5), session.get(url + "/metrics") as resp:
+            text = await resp.read()
+    except (TimeoutError, aiohttp.ClientError):
+        return None
+    found = [0.0, 0.0]
+    for line in text.splitlines():
+        for i, name in enumerate(_COUNTERS):
+            if line.startswith(name):
+                found[i] += float(line.rsplit(b" ", 1)[1])
+    return found
+
+
+async def _sample(
+    session: aiohttp.ClientSession, gw: Gateway, fleet: Fleet, result: Run, now: float
+) -> None:
+    """Queue depth, batch and KV use of every engine (as the gateway sees them), and their
+    token counters (a restarted engine starts from zero: its increments are summed)."""
+    views = [gw.tracker.view(e.name, gw.clock()) for e in fleet.engines]
+    result.load_samples.append((now, [
+        (v.load.num_waiting, v.load.num_running, v.load.kv_usage) for v in views
+    ]))  # fmt: skip
+    scraped = await asyncio.gather(*(_scrape(session, e.url) for e in fleet.engines))
+    for engine, values in zip(fleet.engines, scraped, strict=True):
+        if values is None:
+            continue
+        total = result.counters.setdefault(engine.name, [0.0, 0.0])
+        last = result.last_seen.get(engine.name, [0.0, 0.0])
+        for i, value in enumerate(values):
+            total[i] += value - last[i] if value >= last[i] else value
+        result.last_seen[engine.name] = values
+
+
 async def run(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
     rng = random.Random(args.seed)
-    spec = EngineSpec(model=MODEL, count=8, time_scale=args.time_scale, seed=args.seed)
+    spec = EngineSpec(model=MODEL, gpu=GPU, count=8, time_scale=args.time_scale, seed=args.seed)
     async with Fleet([spec]) as fleet:
         cfg = parse_config({
             "gateway": {"auth": {"mode": "anonymous"}, "log_requests": False,
                         "retries_before_first_byte": 2,
                         "timeouts": {"inter_token_s": args.stall_s}},
+            "reliability": _reliability(mode),
             "endpoints": [e.endpoint_config() for e in fleet.engines],
         })  # fmt: skip
         gw = Gateway(cfg)
         runner, port = await start_server(gw.build_app(), "127.0.0.1", 0)
-        assert gw.session is not None
-        gw.proxy = Proxy(
-            gw.session, gw.tracker, cfg.gateway.timeouts, 2, gw.clock,
-            reliability=_configs(mode), predictor=gw.router.predictor,
-        )  # fmt: skip
         url = f"http://127.0.0.1:{port}/v1/chat/completions"
         result = Run()
-        names = [e.name for e in fleet.engines]
         conn = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=conn) as session:
             t0 = loop.time()
@@ -174,11 +210,11 @@ async def run(mode: str, args: argparse.Namespace) -> dict[str, Any]:
                     await _admin(session, fleet.engines[0].url, {"slowdown": 5.0})
                     slow_done = True
                 if not crash_done and now >= args.crash_at_s:
+                    await _sample(session, gw, fleet, result, now)  # counters before the crash
                     await _admin(session, fleet.engines[1].url, {"restart": True})
                     crash_done = True
                 if now >= next_sample:
-                    depth = [gw.tracker.view(n, gw.clock()).load.num_waiting for n in names]
-                    result.queue_samples.append((now, depth))
+                    tasks.append(asyncio.create_task(_sample(session, gw, fleet, result, now)))
                     next_sample += 1.0
                 rec = Record(loop.time(), critical=rng.random() < 0.5)
                 result.records.append(rec)
@@ -188,50 +224,96 @@ async def run(mode: str, args: argparse.Namespace) -> dict[str, Any]:
                 ))  # fmt: skip
                 await asyncio.sleep(rng.expovariate(args.rate))
             await asyncio.gather(*tasks)
+            await _sample(session, gw, fleet, result, loop.time() - t0)
+        assert gw.proxy is not None
         counts = dict(gw.proxy.reliability.counts)
         await runner.cleanup()
-    return _summary(mode, result, counts, t0, args)
+    return _summary(mode, result, counts, t0, args, [e.name for e in fleet.engines])
 
 
-def _summary(
-    mode: str, run_: Run, counts: dict[str, int], t0: float, args: argparse.Namespace
-) -> dict[str, Any]:
-    recs = run_.records
-    windows = []
-    width = args.window_s
+def _windows(run_: Run, t0: float, args: argparse.Namespace) -> list[dict[str, Any]]:
+    recs, width, out = run_.records, args.window_s, []
     for start in range(0, int(args.duration_s), int(width)):
         lo, hi = t0 + start, t0 + start + width
         arrived = [r for r in recs if lo <= r.start_s < hi]
         done = [r for r in recs if r.ok and lo <= r.end_s < hi]
-        ttfts = sorted(r.ttft_s for r in arrived if r.ok and r.ttft_s is not None)
-        p99 = ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))] if ttfts else None
         retries = sum(r.client_retries for r in arrived)
-        depth = [d for t, d in run_.queue_samples if start <= t < start + width]
-        windows.append({
+        load = [d for t, d in run_.load_samples if start <= t < start + width]
+        out.append({
             "t_s": start, "goodput_per_s": round(len(done) / width, 2),
-            "p99_ttft_ms": None if p99 is None else round(p99 * 1000),
+            "p99_ttft_ms": _pct([r.ttft_s for r in arrived if r.ok], 0.99),
             "client_retries_share": round(retries / max(1, len(arrived)), 3),
-            "max_queue_per_engine": [max(col) for col in zip(*depth, strict=True)] if depth else [],
+            "max_queue_per_engine": [max(w for w, _, _ in col) for col in zip(*load, strict=True)]
+            if load else [],
         })  # fmt: skip
+    return out
+
+
+def _waste(run_: Run, recs: list[Record], args: argparse.Namespace) -> dict[str, Any]:
+    """Tokens the engines worked on beyond what the completed calls needed, in GPU-s."""
+    generated = sum(c[0] for c in run_.counters.values())
+    prefilled = sum(c[1] for c in run_.counters.values())
+    completed = [r for r in recs if r.ok]
+    needed_out = len(completed) * args.max_tokens
+    prompt_tokens = prefilled / max(1, len(recs) + sum(r.client_retries for r in recs))
+    wasted_out = max(0.0, generated - needed_out)
+    wasted_in = max(0.0, prefilled - len(completed) * prompt_tokens)
+    prior = prior_from_profile(load_profile(MODEL, GPU))  # real GPU time (time scale 1)
+    running = [n for _, d in run_.load_samples for (_, n, _) in d if n > 0]
+    batch = statistics.mean(running) if running else 1.0
+    per_token_s = (prior.decode_base_s + prior.decode_per_seq_s * batch) / batch
+    gpu_s = wasted_out * per_token_s + wasted_in / prior.prefill_tokens_per_s
+    return {
+        "engine_generated_tokens": round(generated), "needed_tokens": needed_out,
+        "wasted_decode_tokens": round(wasted_out), "wasted_prefill_tokens": round(wasted_in),
+        "mean_batch": round(batch, 2), "wasted_gpu_s": round(gpu_s, 3),
+    }  # fmt: skip
+
+
+def _saturated(run_: Run, names: list[str], skip: set[int]) -> list[str]:
+    """Healthy engines that went past llm-d's saturation (waiting/5 or KV use/0.8 >= 1)."""
+    out = []
+    for i, name in enumerate(names):
+        if i in skip:
+            continue
+        if any(max(d[i][0] / 5, d[i][2] / 0.8) >= 1.0 for _, d in run_.load_samples):
+            out.append(name)
+    return out
+
+
+def _summary(
+    mode: str, run_: Run, counts: dict[str, int], t0: float, args: argparse.Namespace,
+    names: list[str],
+) -> dict[str, Any]:  # fmt: skip
+    recs = run_.records
     crit = [r for r in recs if r.critical]
     gateway_retries = counts.get("retry_replay", 0) + counts.get("retry_resume", 0)
     client_retries = sum(r.client_retries for r in recs)
+    interrupted = [r for r in recs if r.interrupted]
     return {
         "mode": mode,
         "calls": len(recs),
         "completed": sum(r.ok for r in recs),
         "critical_success": round(sum(r.ok for r in crit) / max(1, len(crit)), 4),
+        "critical_first_try": round(
+            sum(r.ok and r.client_retries == 0 for r in crit) / max(1, len(crit)), 4
+        ),
         "retries_share": round((client_retries + gateway_retries) / max(1, len(recs)), 4),
         "client_retries": client_retries,
         "gateway_retries": gateway_retries,
-        "resumptions": counts.get("resumptions", 0),
-        "interrupted_calls": sum(r.interrupted for r in recs),
+        "gateway_resumed_streams": counts.get("resumptions", 0),
+        "client_interrupted_calls": len(interrupted),
+        "interrupted_completed": sum(r.ok for r in interrupted),
         "completed_with_token_errors": sum(r.ok and not r.tokens_ok for r in recs),
+        "tokens_lost": sum(r.lost_tokens for r in recs if r.ok),
+        "tokens_duplicated": sum(r.duplicated_tokens for r in recs if r.ok),
         "wasted_client_tokens": sum(r.wasted_tokens for r in recs),
         "ejections": _ejections(counts),
-        "p50_ttft_ms": _pct([r.ttft_s for r in recs if r.ok and r.ttft_s], 0.5),
-        "p99_ttft_ms": _pct([r.ttft_s for r in recs if r.ok and r.ttft_s], 0.99),
-        "windows": windows,
+        "healthy_engines_saturated": _saturated(run_, names, skip={0, 1}),
+        "p50_ttft_ms": _pct([r.ttft_s for r in recs if r.ok], 0.5),
+        "p99_ttft_ms": _pct([r.ttft_s for r in recs if r.ok], 0.99),
+        **_waste(run_, recs, args),
+        "windows": _windows(run_, t0, args),
         "gateway_counts": counts,
     }
 
@@ -241,28 +323,36 @@ def _ejections(counts: dict[str, int]) -> int:
     return sum(counts.get(f"breaker_{trigger}", 0) for trigger in opened)
 
 
-def _pct(values: list[float | None], q: float) -> float | None:
+def _pct(values: list[float | None], q: float) -> int | None:
     vals = sorted(v for v in values if v is not None)
     if not vals:
         return None
     return round(vals[min(len(vals) - 1, int(q * len(vals)))] * 1000)
 
 
+_KEYS = [
+    "calls", "completed", "critical_success", "critical_first_try", "retries_share",
+    "client_retries", "gateway_retries", "gateway_resumed_streams", "client_interrupted_calls",
+    "interrupted_completed", "completed_with_token_errors", "tokens_lost", "tokens_duplicated",
+    "wasted_client_tokens", "engine_generated_tokens", "wasted_decode_tokens",
+    "wasted_prefill_tokens", "wasted_gpu_s", "ejections", "healthy_engines_saturated",
+    "p50_ttft_ms", "p99_ttft_ms",
+]  # fmt: skip
+
+
 def _table(results: list[dict[str, Any]]) -> str:
-    keys = ["calls", "completed", "critical_success", "retries_share", "client_retries",
-            "gateway_retries", "resumptions", "interrupted_calls", "completed_with_token_errors",
-            "wasted_client_tokens", "ejections", "p50_ttft_ms", "p99_ttft_ms"]  # fmt: skip
-    lines = [f"{'metric':30s}" + "".join(f"{r['mode']:>12s}" for r in results)]
-    for key in keys:
-        lines.append(f"{key:30s}" + "".join(f"{r[key]!s:>12s}" for r in results))
-    lines.append("")
-    lines.append("per window: goodput/s | p99 TTFT ms | client retries share (on / off)")
-    for w_on, w_off in zip(results[0]["windows"], results[-1]["windows"], strict=True):
-        lines.append(
-            f"t={w_on['t_s']:>3}s  {w_on['goodput_per_s']:>6} / {w_off['goodput_per_s']:<6}"
-            f" {w_on['p99_ttft_ms']!s:>6} / {w_off['p99_ttft_ms']!s:<6}"
-            f" {w_on['client_retries_share']:>6} / {w_off['client_retries_share']}"
-        )
+    lines = [f"{'metric':28s}" + "".join(f"{r['mode']:>14s}" for r in results)]
+    for key in _KEYS:
+        cells = [len(r[key]) if isinstance(r[key], list) else r[key] for r in results]
+        lines.append(f"{key:28s}" + "".join(f"{c!s:>14s}" for c in cells))
+    for r in results:
+        lines += ["", f"[{r['mode']}] window  goodput/s  p99 TTFT ms  retries  max queue e0..e7"]
+        for w in r["windows"]:
+            queue = " ".join(f"{q:>2}" for q in w["max_queue_per_engine"])
+            lines.append(
+                f"      t={w['t_s']:>3}s {w['goodput_per_s']:>9} {w['p99_ttft_ms']!s:>12}"
+                f" {w['client_retries_share']:>8}  {queue}"
+            )
     return "\n".join(lines)
 
 
