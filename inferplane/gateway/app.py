@@ -256,7 +256,7 @@ class Gateway:
                 queued_s = await self.gate.enter(call, ctx.api_key_name, len(raw))
                 span.set_attribute("inferplane.queued_s", queued_s)
             admitted = call
-            candidates, calls, reason = plan_call(self, ctx, raw, body)
+            candidates, calls, reason = plan_call(self, ctx, raw, body, call)
             if not candidates:
                 raise ApiError(
                     503, f"no endpoint can take model '{ctx.model}' now ({reason})",

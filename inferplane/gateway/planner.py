@@ -23,10 +23,18 @@ __all__ = ["admission_call", "plan_call"]
 
 
 def plan_call(
-    gw: Gateway, ctx: RequestContext, raw: bytes, body: dict[str, Any]
+    gw: Gateway,
+    ctx: RequestContext,
+    raw: bytes,
+    body: dict[str, Any],
+    admitted: CallContext | None = None,
 ) -> tuple[list[Candidate], dict[str, CallContext], str]:
     """Ranked endpoints to try (over the model's targets, in order), the call as each
-    endpoint's target model sees it, and why."""
+    endpoint's target model sees it, and why.
+
+    ``admitted`` (the call admission judged) is reused for its own model when no prompt
+    keys change it: the same call, without building it again.
+    """
     targets = gw.targets.get(ctx.model, ())
     if not targets:
         raise ApiError(
@@ -39,15 +47,10 @@ def plan_call(
     calls: dict[str, CallContext] = {}
     reasons: list[str] = []
     for target in targets:
-        call = CallContext(
-            request_id=ctx.request_id, tenant=ctx.tenant, model=target,
-            priority=ctx.priority, arrival_s=ctx.arrival_s,
-            num_prompt_tokens=prompt.num_tokens or ctx.num_prompt_tokens,
-            max_tokens=ctx.max_tokens, deadline_s=ctx.deadline_s,
-            ttft_budget_s=ctx.ttft_budget_s, workflow_id=ctx.workflow_id,
-            workflow_step=ctx.workflow_step, workflow_steps=ctx.workflow_steps,
-            stream=ctx.stream, prompt_block_keys=prompt.keys,
-        )  # fmt: skip
+        if admitted is not None and admitted.model == target and not prompt.num_tokens:
+            call = admitted  # the same fields: no exact count, hence no block keys
+        else:
+            call = _target_call(ctx, target, prompt.num_tokens, prompt.keys)
         decision = gw.router.route(call, gw.tracker.views(now, target), now)
         gw.tracer.route(decision, target)
         reasons.append(f"{target}: {decision.reason}" if len(targets) > 1 else decision.reason)
@@ -59,6 +62,21 @@ def plan_call(
         if len(candidates) > gw.retries or not gw.fallback.get(ctx.model, True):
             break
     return candidates, calls, "; ".join(reasons)
+
+
+def _target_call(
+    ctx: RequestContext, target: str, num_tokens: int | None, keys: tuple[int, ...]
+) -> CallContext:
+    """The call as ``target``'s endpoints see it (exact token count and block keys)."""
+    return CallContext(
+        request_id=ctx.request_id, tenant=ctx.tenant, model=target,
+        priority=ctx.priority, arrival_s=ctx.arrival_s,
+        num_prompt_tokens=num_tokens or ctx.num_prompt_tokens,
+        max_tokens=ctx.max_tokens, deadline_s=ctx.deadline_s,
+        ttft_budget_s=ctx.ttft_budget_s, workflow_id=ctx.workflow_id,
+        workflow_step=ctx.workflow_step, workflow_steps=ctx.workflow_steps,
+        stream=ctx.stream, prompt_block_keys=keys,
+    )  # fmt: skip
 
 
 def admission_call(gw: Gateway, ctx: RequestContext) -> CallContext:
