@@ -127,10 +127,13 @@ class Gateway:
         gw = self.config.gateway
         self.clock = asyncio.get_running_loop().time
         connector = aiohttp.TCPConnector(limit=gw.max_connections, limit_per_host=0)
-        # No cookie jar: engines' cookies are not ours to keep, and an empty jar still costs
-        # a lookup on every upstream request.
+        # No cookie jar (engines' cookies are not ours to keep; an empty jar still costs a
+        # lookup per request), no User-Agent, and no Accept-Encoding: an engine on the local
+        # network should not spend CPU compressing what the gateway would then decompress.
         self.session = aiohttp.ClientSession(
-            connector=connector, cookie_jar=aiohttp.DummyCookieJar()
+            connector=connector,
+            cookie_jar=aiohttp.DummyCookieJar(),
+            skip_auto_headers=("User-Agent", "Accept-Encoding"),
         )
         infos = [e.info() for e in self.config.endpoints]
         self.recorder = Recorder(
