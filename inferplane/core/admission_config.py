@@ -119,7 +119,10 @@ class HeadroomConfig(_Frozen):
     where critical calls overtake it.
     """
 
-    slot_share: PerClass = PerClass(critical=0.0, standard=0.1, sheddable=0.2)
+    #: Measured in bench/overload.py (vLLM's 256 sequences: standard fills at most 53
+    #: outstanding per endpoint, sheddable 40): big batches slow every decode, and a
+    #: critical answer of hundreds of tokens must still end within its deadline.
+    slot_share: PerClass = PerClass(critical=0.0, standard=0.8, sheddable=0.85)
     kv_share: PerClass = PerClass(critical=0.0, standard=0.1, sheddable=0.2)
     max_wait_s: PerClass = PerClass(critical=float("inf"), standard=1.0, sheddable=0.5)
 
