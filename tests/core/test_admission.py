@@ -415,3 +415,19 @@ def test_dispatch_charges_the_wait_of_the_calls_it_sends() -> None:
     out = a.poll(1.0, lambda m: IDLE)
     assert [e.item.request_id for e in out] == ["x0", "x1"]  # 0.4, 0.5 <= 0.5; 0.6 is not
     assert len(a.queue) == 1
+
+
+def test_default_headroom_keeps_most_of_a_big_batch_for_critical() -> None:
+    big = EndpointPrior(max_num_seqs=256, prefill_tokens_per_s=1e4, throughput_tokens_per_s=1e2)
+
+    class BigBatch(StubPredictor):
+        def prior(self, view: EndpointView, model: str) -> EndpointPrior:
+            return big
+
+    def decide(prio: PriorityClass, in_flight: int) -> object:  # a fresh, empty controller
+        return Admission(AdmissionConfig(), BigBatch()).admit(call(prio=prio), busy(in_flight), 0)
+
+    # 256 + 1 slots per endpoint: standard fills 53 of them, sheddable 40, critical all.
+    assert isinstance(decide(STD, 52), Admit) and isinstance(decide(STD, 53), Enqueue)
+    assert isinstance(decide(SHED, 39), Admit) and isinstance(decide(SHED, 40), Enqueue)
+    assert isinstance(decide(CRIT, 256), Admit) and isinstance(decide(CRIT, 257), Enqueue)
