@@ -101,22 +101,23 @@ class _Totals:
         self.rows: dict[str, list[float]] = {}
 
     def add(self, key: str, record: RequestRecord, cost: RequestCost, rejected: bool) -> None:
-        if key not in self.rows and len(self.rows) >= self.max_keys:
-            key = _OTHER_KEY
-        row = self.rows.setdefault(key, [0.0] * 8)
-        for i, v in enumerate(
-            (
-                1,
-                0 if record.success else 1,
-                1 if rejected else 0,
-                record.prompt_tokens,
-                record.cached_tokens,
-                record.completion_tokens,
-                cost.usd,
-                cost.gpu_seconds,
-            )
-        ):
-            row[i] += v
+        row = self.rows.get(key)
+        if row is None:
+            if len(self.rows) >= self.max_keys:
+                key = _OTHER_KEY
+            row = self.rows.setdefault(key, [0.0] * 8)
+        # Unrolled (once per request per key): requests, failed, rejected, prompt, cached,
+        # completion tokens, USD, GPU seconds.
+        row[0] += 1
+        if not record.success:
+            row[1] += 1
+        if rejected:
+            row[2] += 1
+        row[3] += record.prompt_tokens
+        row[4] += record.cached_tokens
+        row[5] += record.completion_tokens
+        row[6] += cost.usd
+        row[7] += cost.gpu_seconds
 
     def values(self) -> tuple[UsageTotals, ...]:
         return tuple(

@@ -174,9 +174,13 @@ class GatewayMetrics:
             for gap in tbt_s:
                 tbt.observe(gap)
         e2e.observe(e2e_s)
-        for counter, n in zip((prompt, cached, completion), tokens, strict=True):
-            if n:
-                counter.inc(n)
+        num_prompt, num_cached, num_completion = tokens
+        if num_prompt:
+            prompt.inc(num_prompt)
+        if num_cached:
+            cached.inc(num_cached)
+        if num_completion:
+            completion.inc(num_completion)
 
     def refresh_endpoints(self, states: Iterable[tuple[str, EndpointState, int]]) -> None:
         for name, state, in_flight in states:
