@@ -45,11 +45,16 @@ class Exchange:
             self.on_first_token(now)
 
     def tpot_s(self) -> float | None:
-        """Mean time per output token after the first, when measurable."""
-        if self.first_token_s is None or self.last_chunk_s is None or self.completion_tokens < 2:
+        """Mean time per output token after the first, when measurable.
+
+        Usage gives the token count; a stream cut before its usage chunk (a client timeout
+        on a slow engine) still tells its decode speed through the token chunks it carried.
+        """
+        num_tokens = self.completion_tokens or self.chunks
+        if self.first_token_s is None or self.last_chunk_s is None or num_tokens < 2:
             return None
         span_s = self.last_chunk_s - self.first_token_s
-        return span_s / (self.completion_tokens - 1) if span_s > 0 else None
+        return span_s / (num_tokens - 1) if span_s > 0 else None
 
 
 #: Called once when the call is over; returns its cost in USD (None when unknown).
