@@ -199,7 +199,7 @@ class Accountant:
             workflow_id = workflow_id or previous.workflow_id
             self._release(previous.workflow_id)
         meter.advance(now)
-        start = meter.open()
+        start = meter.begin()
         self._open[request_id] = _Open(endpoint, start, carried_usd, carried_gpu_s, workflow_id)
         if workflow_id is not None:
             self._wf_in_flight[workflow_id] = self._wf_in_flight.get(workflow_id, 0) + 1
@@ -257,7 +257,7 @@ class Accountant:
     def _close_attempt(self, opened: _Open, now: float) -> RequestCost:
         meter = self._meters[opened.endpoint]
         meter.advance(now)
-        share = meter.close(opened.start_share_s)
+        share = meter.end(opened.start_share_s)
         return RequestCost(share * meter.gpus, share * meter.price_per_s)
 
     def _release(self, workflow_id: str | None) -> None:

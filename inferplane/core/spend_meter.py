@@ -46,13 +46,13 @@ class SpendMeter:
             self.unbusy_s[self.state] += dt
         self.last_s = t
 
-    def open(self) -> float:
+    def begin(self) -> float:
         """A request starts now (after ``advance``); returns its starting share reading."""
         self.n += 1
         self.start_sum += self.share_s
         return self.share_s
 
-    def close(self, start_share_s: float) -> float:
+    def end(self, start_share_s: float) -> float:
         """A request that started at ``start_share_s`` ends now; returns its share-seconds."""
         self.n -= 1
         self.start_sum = self.start_sum - start_share_s if self.n else 0.0
