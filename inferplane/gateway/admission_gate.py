@@ -123,6 +123,8 @@ class AdmissionGate:
 
         The controller's own rule answers "admit" in exactly this case, but predicts TTFT on
         every endpoint first (as much CPU as routing); everything else takes the full path.
+        Free slots are counted for the call's class, so the headroom kept for critical work
+        holds here too; the predicted-wait cap of lower classes is left to the full path.
         """
         core = self.core
         if core.queue or call.workflow_id is not None:
@@ -134,7 +136,7 @@ class AdmissionGate:
         for view in pool:
             if view.state.accepts_work:
                 accepting += 1
-                free += free_slots(view, model, predictor, cfg)
+                free += free_slots(view, model, predictor, cfg, call.priority)
                 saturation += endpoint_saturation(view, model, predictor, cfg)
         if not free or saturation / accepting >= cfg.shed_saturation.of(call.priority):
             return False
