@@ -17,9 +17,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from inferplane.config import read_yaml_file, validate_yaml_tree
 from inferplane.core.admission_config import AdmissionConfig
 from inferplane.core.types import PriorityClass
 
@@ -300,33 +300,11 @@ class Scenario(_Frozen):
         return max(0.1, self.duration_s / 200.0)
 
 
-def _format_errors(exc: ValidationError, source: str) -> str:
-    lines = [f"invalid scenario in {source}:"]
-    for err in exc.errors():
-        path = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        lines.append(f"  {path}: {err['msg']}")
-    return "\n".join(lines)
-
-
 def parse_scenario(data: Any, source: str = "<scenario>") -> Scenario:
     """Validate an already-parsed mapping into a Scenario or raise ScenarioError."""
-    if not isinstance(data, Mapping):
-        raise ScenarioError(f"invalid scenario in {source}: the top level must be a mapping")
-    try:
-        return Scenario.model_validate(data)
-    except ValidationError as exc:
-        raise ScenarioError(_format_errors(exc, source)) from None
+    return validate_yaml_tree(data, Scenario, ScenarioError, "scenario", source)
 
 
 def load_scenario(path: str | Path) -> Scenario:
     """Read and validate a YAML scenario file."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ScenarioError(f"cannot read scenario {p}: {exc.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ScenarioError(f"invalid YAML in {p}: {exc}") from None
-    return parse_scenario(data, str(p))
+    return parse_scenario(read_yaml_file(path, ScenarioError, "scenario"), str(path))
