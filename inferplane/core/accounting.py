@@ -105,9 +105,9 @@ class _Totals:
         if row is None:
             if len(self.rows) >= self.max_keys:
                 key = _OTHER_KEY
-            row = self.rows.setdefault(key, [0.0] * 8)
+            row = self.rows.setdefault(key, [0.0] * 9)
         # Unrolled (once per request per key): requests, failed, rejected, prompt, cached,
-        # completion tokens, USD, GPU seconds.
+        # completion tokens, USD, GPU seconds, fallbacks.
         row[0] += 1
         if not record.success:
             row[1] += 1
@@ -118,11 +118,22 @@ class _Totals:
         row[5] += record.completion_tokens
         row[6] += cost.usd
         row[7] += cost.gpu_seconds
+        if record.fallback_from is not None:
+            row[8] += 1
 
     def values(self) -> tuple[UsageTotals, ...]:
         return tuple(
             UsageTotals(
-                k, int(r[0]), int(r[1]), int(r[2]), int(r[3]), int(r[4]), int(r[5]), r[6], r[7]
+                k,
+                int(r[0]),
+                int(r[1]),
+                int(r[2]),
+                int(r[3]),
+                int(r[4]),
+                int(r[5]),
+                r[6],
+                r[7],
+                int(r[8]),
             )
             for k, r in sorted(self.rows.items())
         )
@@ -165,6 +176,7 @@ class Accountant:
         self._num_requests = 0
         self._num_failed = 0
         self._num_rejected = 0
+        self._num_fallbacks = 0
 
     # -- endpoints and requests ---------------------------------------------------------
 
@@ -276,6 +288,8 @@ class Accountant:
             self._wasted_usd += cost.usd
         if rejected:
             self._num_rejected += 1
+        if record.fallback_from is not None:
+            self._num_fallbacks += 1
         self._by_model.add(record.model, record, cost, rejected)
         self._by_tenant.add(record.tenant, record, cost, rejected)
         if record.workflow_id is None:
@@ -352,6 +366,7 @@ class Accountant:
             models=self._by_model.values(),
             tenants=self._by_tenant.values(),
             top_workflows=self._top_workflows(),
+            num_fallbacks=self._num_fallbacks,
         )
 
     def _endpoint_row(self, name: str, m: SpendMeter, end_s: float) -> EndpointSpend:

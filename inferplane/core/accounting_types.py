@@ -44,6 +44,9 @@ class RequestRecord:
     success: bool
     reason: str = ""
     workflow_steps: int | None = None
+    #: The route's first target when a fallback model served the call (``model`` is the
+    #: model that served it).
+    fallback_from: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +85,7 @@ class UsageTotals:
     completion_tokens: int
     cost_usd: float
     gpu_seconds: float
+    fallbacks: int = 0  # requests this model served as a route's fallback
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,3 +135,4 @@ class AccountingSnapshot:
     models: tuple[UsageTotals, ...]
     tenants: tuple[UsageTotals, ...]
     top_workflows: tuple[WorkflowSummary, ...]
+    num_fallbacks: int = 0  # requests served by a fallback model of their route

@@ -290,6 +290,8 @@ class Gateway:
         capture = self.cache.capture(found) if ctx.stream else None
         ex.tap = capture.feed if capture is not None else None
         ex.extra_headers.update(found.headers())
+        ex.model_of = {name: c.model for name, c in calls.items()}
+        ex.primary_model = self.targets[ctx.model][0]
         cost: list[float] = []
 
         def finish(done: Exchange) -> float:

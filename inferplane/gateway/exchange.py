@@ -9,7 +9,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-__all__ = ["Candidate", "Exchange", "Finisher"]
+__all__ = ["FALLBACK_HEADER", "MODEL_HEADER", "Candidate", "Exchange", "Finisher"]
+
+#: The model that served the call (a route's fallback target when it fell back).
+MODEL_HEADER = "X-Inferplane-Model"
+#: Present when a fallback model served the call: the route's first target it replaced.
+FALLBACK_HEADER = "X-Inferplane-Fallback"
 
 
 @dataclass(slots=True)
@@ -38,6 +43,24 @@ class Exchange:
     wasted_prefill_tokens: int = 0
     #: Streams resumed on another endpoint after a break.
     resumptions: int = 0
+    #: The model each candidate endpoint serves the call as (a route may fall back).
+    model_of: dict[str, str] = field(default_factory=dict)
+    #: The route's first target model; serving another one is a fallback.
+    primary_model: str = ""
+
+    def served_model(self) -> str | None:
+        """The model the call was (or is being) served as, once an endpoint took it."""
+        return None if self.endpoint is None else self.model_of.get(self.endpoint)
+
+    def route_headers(self) -> dict[str, str]:
+        """``X-Inferplane-Model`` (the model that served) and, when that is not the route's
+        first target, ``X-Inferplane-Fallback`` (the model it fell back from)."""
+        served = self.served_model()
+        if served is None:
+            return {}
+        if self.primary_model and served != self.primary_model:
+            return {MODEL_HEADER: served, FALLBACK_HEADER: self.primary_model}
+        return {MODEL_HEADER: served}
 
     def first_token(self, now: float) -> None:
         self.first_token_s = now

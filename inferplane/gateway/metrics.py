@@ -58,6 +58,10 @@ class GatewayMetrics:
         self.retries = Counter(
             "inferplane_retries", "Attempts re-sent to another endpoint.", ("reason",), registry=r
         )
+        self.fallbacks = Counter(
+            "inferplane_fallbacks", "Calls served by a fallback model of their route.",
+            ("route", "model"), registry=r,
+        )  # fmt: skip
         self.tokens = Counter(
             "inferplane_tokens", "Tokens served, by kind (prompt, cached, completion).",
             ("model", "kind"), registry=r,

@@ -53,6 +53,8 @@ class Recorder:
             success, ex.reason = False, "deadline_missed"
         record = self._record(ctx, ex, success)
         cost = self.accountant.on_request_end(record, now)
+        if record.fallback_from is not None:
+            self.metrics.fallbacks.labels(self._label(ctx.model), record.model).inc()
         self.metrics.observe_request(
             self._label(ctx.model),
             ctx.priority.value,
@@ -100,10 +102,11 @@ class Recorder:
 
     @staticmethod
     def _record(ctx: RequestContext, ex: Exchange, success: bool) -> RequestRecord:
+        served, primary = ex.served_model(), ex.primary_model
         return RequestRecord(
             request_id=ctx.request_id,
             tenant=ctx.tenant,
-            model=ctx.model,
+            model=served or ctx.model,
             endpoint=ex.endpoint,
             priority=ctx.priority,
             workflow_id=ctx.workflow_id,
@@ -114,6 +117,7 @@ class Recorder:
             success=success,
             reason=ex.reason or str(ex.status),
             workflow_steps=ctx.workflow_steps,
+            fallback_from=primary if served and primary and served != primary else None,
         )
 
     @staticmethod

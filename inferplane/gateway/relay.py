@@ -101,6 +101,7 @@ class Responder:
             "X-Inferplane-Endpoint": ex.endpoint or "",
             "X-Request-Id": call.ctx.request_id,
         }
+        headers.update(ex.route_headers())
         if ex.extra_headers:
             headers.update(ex.extra_headers)
         cost = call.finish(ex)
@@ -128,6 +129,7 @@ class Responder:
                     "Cache-Control": "no-cache",
                     "X-Inferplane-Endpoint": ex.endpoint or "",
                     "X-Request-Id": ctx.request_id,
+                    **ex.route_headers(),
                     **ex.extra_headers,
                 }
             )
