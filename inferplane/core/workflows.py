@@ -155,6 +155,23 @@ class WorkflowLedger:
         wf.last_seen_s = max(wf.last_seen_s, now)
         self._wfs.move_to_end(workflow_id)
 
+    def merge(self, record: WorkflowRecord, now: float) -> None:
+        """Fold in a view of the workflow from elsewhere (the shared ledger of all replicas).
+
+        Every counter only grows, so the merge keeps the larger of each (idempotent, in any
+        order, and never losing local progress not yet shared); ``in_flight`` stays local
+        (it guards this ledger's expiry, for calls this process holds). A workflow not known
+        here is added as seen ``now`` (the record's times are another clock's).
+        """
+        wf = self._touch(record.workflow_id, record.tenant, now)
+        wf.steps_done = max(wf.steps_done, record.steps_done)
+        if record.steps_expected is not None:
+            wf.steps_expected = record.steps_expected
+        wf.max_step = max(wf.max_step, record.max_step)
+        wf.tokens = max(wf.tokens, record.tokens)
+        wf.cost_usd = max(wf.cost_usd, record.cost_usd)
+        wf.retries_used = max(wf.retries_used, record.retries_used)
+
     def end(self, workflow_id: str) -> bool:
         """The client reported the task's outcome: forget it."""
         return self._wfs.pop(workflow_id, None) is not None

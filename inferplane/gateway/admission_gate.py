@@ -13,6 +13,9 @@ finish here (engine scrapes) are seen within ``poll_interval_s``.
 With a shared state store (Redis), request and token rates are taken from the shared
 buckets first (:class:`~inferplane.state.quota_client.SharedQuotas`), so quotas hold across
 workers and replicas; those use the wall clock (replicas share it), the rest the loop clock.
+The workflow ledger is shared too (:class:`~inferplane.gateway.shared_ledger.SharedLedger`):
+a workflow call reads the workflow's shared record (bounded, alongside the quota take)
+before admission weighs it, and every change goes to the store from a background task.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from inferplane.core.quotas import QuotaExceeded
 from inferplane.core.types import CallContext, EndpointView
 from inferplane.gateway.errors import ApiError
 from inferplane.gateway.metrics import GatewayMetrics
+from inferplane.gateway.shared_ledger import SharedLedger
 from inferplane.state.quota_client import SharedQuotas
 
 __all__ = ["REASON_HEADER", "AdmissionGate"]
@@ -72,13 +76,21 @@ class AdmissionGate:
         self._reserved: dict[str, tuple[str, str | None, int]] = {}
         self._pending = 0  # dispatched, not yet resumed (not in the tracker's in-flight yet)
         self._wake = asyncio.Event()
+        self.ledger_sync: SharedLedger | None = None
+        if shared is not None:
+            self.ledger_sync = SharedLedger(shared.store, self.core, clock)
 
     # -- the call's way in and out ------------------------------------------------------
 
     async def enter(self, call: CallContext, api_key: str | None, size_bytes: int) -> float:
         """Return when ``call`` may be routed (seconds it queued); raise ApiError if not."""
         if self._shared is not None:
-            await self._take_shared(call, api_key)
+            if self.ledger_sync is not None and call.workflow_id is not None:
+                await asyncio.gather(
+                    self._take_shared(call, api_key), self.ledger_sync.hydrate(call)
+                )
+            else:
+                await self._take_shared(call, api_key)
         now = self._clock()
         pool = self._views(now, call.model)
         prio = call.priority.value
@@ -185,7 +197,26 @@ class AdmissionGate:
             fut.set_result(out)
 
     async def run(self) -> None:
-        """Poll every ``poll_interval_s`` while calls wait; sleep while the queue is empty."""
+        """Poll every ``poll_interval_s`` while calls wait; sleep while the queue is empty
+        (and, with a shared store, send workflow ledger changes alongside)."""
+        if self.ledger_sync is None:
+            await self._poll_loop()
+            return
+        sync = asyncio.create_task(self.ledger_sync.run())
+        try:
+            await self._poll_loop()
+        finally:
+            sync.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sync
+
+    async def end_workflow(self, workflow_id: str) -> bool:
+        """The client reported the workflow's outcome: forget it here (and in the store)."""
+        if self.ledger_sync is not None:
+            return await self.ledger_sync.end(workflow_id)
+        return self.core.workflows.end(workflow_id)
+
+    async def _poll_loop(self) -> None:
         while True:
             if not self.core.queue:
                 self._wake.clear()
@@ -206,6 +237,8 @@ class AdmissionGate:
     def snapshot(self) -> dict[str, Any]:
         out: dict[str, Any] = dataclasses.asdict(self.core.snapshot())
         out["waiting"] = len(self._waiters)
+        if self.ledger_sync is not None:
+            out["workflow_sync"] = dataclasses.asdict(self.ledger_sync.stats())
         return out
 
     def depth(self) -> dict[str, int]:

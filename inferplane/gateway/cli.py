@@ -77,6 +77,7 @@ def _serve(args: argparse.Namespace) -> int:
     from inferplane.config import ConfigError, load_config
     from inferplane.gateway.app import Gateway, start_server
     from inferplane.gateway.logs import configure_logging
+    from inferplane.gateway.shared_ledger import setup_workflow_routes
 
     try:
         config = load_config(args.config)
@@ -107,6 +108,7 @@ def _serve(args: argparse.Namespace) -> int:
         gateway = Gateway(config)
         try:
             app = gateway.build_app()
+            setup_workflow_routes(app, gateway)
             runner, bound = await start_server(
                 app, host, port, shutdown_timeout_s=args.drain_timeout_s
             )

@@ -68,6 +68,7 @@ def _worker_main(
     from inferplane.gateway.app import Gateway
     from inferplane.gateway.cli import run_until_signalled
     from inferplane.gateway.logs import configure_logging
+    from inferplane.gateway.shared_ledger import setup_workflow_routes
 
     configure_logging(log_level)
     worker_id = str(index)
@@ -82,6 +83,7 @@ def _worker_main(
     async def main(stop: asyncio.Event) -> None:
         gateway = Gateway(config)
         app = gateway.build_app()
+        setup_workflow_routes(app, gateway)
         app.middlewares.insert(0, tag)
         runner = web.AppRunner(
             app, handler_cancellation=True, access_log=None, shutdown_timeout=drain_timeout_s
