@@ -19,6 +19,8 @@ per simulated run. No I/O, no clock; the RNG is the only source of chance.
   match covers more than 30% of the request pick the worker holding it; else the least
   loaded. The per-worker approximate tree is kept here over prompt blocks instead of
   characters (the simulator has token ids, not text), LRU-bounded per worker.
+- ``llm-d``, ``dynamo-kv``, ``litellm``: llm-d's default scorer weights, Dynamo's KV cost and
+  LiteLLM's least-busy with cooldowns (:mod:`inferplane.sim.peer_routers`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from inferplane.core import routing
 from inferplane.core.affinity import AffinityTable
 from inferplane.core.predictor import LatencyPredictor
 from inferplane.core.types import CallContext, EndpointView, RankedEndpoint, RouteDecision
+from inferplane.sim.peer_routers import DynamoKV, LiteLLMLeastBusy, LlmD
 
 POLICY_NAMES: tuple[str, ...] = (
     "inferplane",
@@ -42,10 +45,16 @@ POLICY_NAMES: tuple[str, ...] = (
     "random",
     "power-of-two",
     "cache-aware",
+    "llm-d",
+    "dynamo-kv",
+    "litellm",
 )
 
-#: Policies routed by the core's pipeline over the KV-event-fed prefix index.
-CORE_ROUTED = frozenset({"inferplane", "fcfs", "priority-shed"})
+#: Policies routed by the core's pipeline (they differ only in admission).
+_CORE = frozenset({"inferplane", "fcfs", "priority-shed"})
+#: Policies that read the prefix index fed by the engines' KV events (the runner feeds it):
+#: the core's pipeline and Dynamo's KV router.
+CORE_ROUTED = _CORE | {"dynamo-kv"}
 
 
 class Policy(Protocol):
@@ -217,17 +226,21 @@ class CacheAware(_Stateless):
 def make_policy(name: str, prefix_index: routing.PrefixMatcher | None = None) -> Policy:
     """A fresh policy object (its memory starts empty) for one simulated run.
 
-    ``prefix_index`` is what the core's router matches prompts against (``inferplane``,
-    ``fcfs`` and ``priority-shed``; the others keep their own memory or none).
+    ``prefix_index`` is what the core's router and Dynamo's match prompts against (the
+    policies in ``CORE_ROUTED``; the others keep their own memory or none).
     """
-    if name in CORE_ROUTED:
+    if name in _CORE:
         return Inferplane(prefix_index=prefix_index)
+    if name == "dynamo-kv":
+        return DynamoKV(prefix_index)
     factories: dict[str, type[Policy]] = {
         "least-loaded": LeastLoaded,
         "round-robin": RoundRobin,
         "random": RandomPick,
         "power-of-two": PowerOfTwo,
         "cache-aware": CacheAware,
+        "llm-d": LlmD,
+        "litellm": LiteLLMLeastBusy,
     }
     if name not in factories:
         raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICY_NAMES)}")
@@ -236,4 +249,4 @@ def make_policy(name: str, prefix_index: routing.PrefixMatcher | None = None) ->
 
 def needs_block_keys(name: str) -> bool:
     """Whether the policy reads ``CallContext.prompt_block_keys`` (costly to compute)."""
-    return name == "cache-aware" or name in CORE_ROUTED
+    return name in ("cache-aware", "llm-d") or name in CORE_ROUTED
