@@ -12,9 +12,11 @@ it in step with the shared record (``StateStore.workflow_update``, one atomic sc
   the store answers with is merged back into the local ledger;
 * **reads** (hydration) are read-through on the request path, bounded: a workflow call
   whose workflow was not synced within ``fresh_s`` reads the shared record first, waiting
-  at most ``read_timeout_s`` (concurrently with the shared quota take); on a timeout or an
-  error the call is judged on the local view. A gateway that has never seen a workflow
-  thus admits its step 7 knowing the 6 steps and the money spent elsewhere.
+  at most ``read_timeout_s`` (by default the store's own per-call deadline, ``state:
+  op_timeout_s``), concurrently with the shared quota take, which waits as long, so it adds
+  a round trip to no call; on a timeout or an error the call is judged on the local view.
+  A gateway that has never seen a workflow thus admits its step 7 knowing the 6 steps and
+  the money spent elsewhere.
 
 The merge is a per-field maximum (every counter only grows), so replays, duplicates and
 reorderings converge. When Redis is down the resilient store answers from local memory
@@ -50,6 +52,7 @@ __all__ = ["LedgerSyncStats", "SharedLedger", "setup_workflow_routes"]
 
 log = logging.getLogger("inferplane.gateway.shared_ledger")
 
+_DEFAULT_READ_TIMEOUT_S = 0.05
 _PARALLEL_WORKFLOWS = 16  # store updates in flight at once (each workflow's stay in order)
 _ROUTES_KEY = web.AppKey("inferplane.workflow_routes", bool)
 
@@ -78,12 +81,14 @@ class SharedLedger:
         clock: Callable[[], float],
         *,
         fresh_s: float = 0.5,
-        read_timeout_s: float = 0.02,
+        read_timeout_s: float | None = None,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
         self.ttl_s = core.config.workflows.idle_ttl_s
         self.fresh_s = fresh_s
+        if read_timeout_s is None:  # the store's own deadline (the quota take's too)
+            read_timeout_s = float(getattr(store, "op_timeout_s", _DEFAULT_READ_TIMEOUT_S))
         self.read_timeout_s = read_timeout_s
         self._clock = clock
         self._wall = wall_clock

@@ -114,6 +114,11 @@ class ResilientStore:
     def mode(self) -> StoreMode:
         return self._mode
 
+    @property
+    def op_timeout_s(self) -> float:
+        """How long one shared call may take before the store serves locally."""
+        return self._timeout_s
+
     def stats(self) -> StateStats:
         return StateStats(
             self._mode,

@@ -119,6 +119,8 @@ async def test_steps_on_one_gateway_are_known_to_the_other(
 
             seen = spy_standings(gw_b)
             await step(session, url_b, WF, 4, 4)
+            hydrated = gw_b.gate.ledger_sync
+            assert hydrated is not None and hydrated.stats().hydrations == 1
             assert seen and seen[0] is not None
             assert not seen[0].is_new and not seen[0].is_retry
             assert seen[0].progress == pytest.approx(0.75)  # 3 of 4 steps done, on A
