@@ -80,6 +80,9 @@ class RequestContext:
     workflow_step: int | None
     workflow_steps: int | None
     api_key_name: str | None = None  # the caller's configured key name (per-key quotas)
+    #: ``X-Allow-Fallback``: may the route move this call to a fallback model? (The route's
+    #: own ``allow_fallback`` must allow it too.)
+    allow_fallback: bool = True
 
 
 class Authenticator:
@@ -164,6 +167,22 @@ def _priority(headers: Mapping[str, str], caller: Caller) -> PriorityClass:
     return asked if asked.rank >= caller.max_priority.rank else caller.max_priority
 
 
+_TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
+_FALSE_WORDS = frozenset({"0", "false", "no", "off"})
+
+
+def _flag(headers: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = headers.get(name)
+    if raw is None:
+        return default
+    word = raw.strip().lower()
+    if word in _TRUE_WORDS:
+        return True
+    if word in _FALSE_WORDS:
+        return False
+    raise ApiError(400, f"{name} must be true or false", param=name)
+
+
 def _workflow_id(headers: Mapping[str, str]) -> str | None:
     for name in WORKFLOW_HEADERS:
         value = headers.get(name)
@@ -187,6 +206,7 @@ class HeaderContext:
     workflow_id: str | None
     workflow_step: int | None
     workflow_steps: int | None
+    allow_fallback: bool = True
 
 
 def parse_headers(headers: Mapping[str, str], auth: Authenticator, now: float) -> HeaderContext:
@@ -203,6 +223,7 @@ def parse_headers(headers: Mapping[str, str], auth: Authenticator, now: float) -
         workflow_id=_workflow_id(headers),
         workflow_step=_non_negative_int(headers, "X-Workflow-Step"),
         workflow_steps=_non_negative_int(headers, "X-Workflow-Steps"),
+        allow_fallback=_flag(headers, "X-Allow-Fallback", True),
     )
 
 
@@ -350,5 +371,6 @@ async def read_context(
         workflow_step=hdr.workflow_step,
         workflow_steps=hdr.workflow_steps,
         api_key_name=hdr.caller.key_name,
+        allow_fallback=hdr.allow_fallback,
     )
     return ctx, raw, body

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from inferplane.core.types import CallContext
+from inferplane.core.routing import TargetChoice, choose_target
+from inferplane.core.types import CallContext, RouteDecision
 from inferplane.gateway.context import RequestContext, upstream_body
 from inferplane.gateway.errors import ApiError
 from inferplane.gateway.proxy import Candidate
@@ -29,11 +30,13 @@ def plan_call(
     body: dict[str, Any],
     admitted: CallContext | None = None,
 ) -> tuple[list[Candidate], dict[str, CallContext], str]:
-    """Ranked endpoints to try (over the model's targets, in order), the call as each
-    endpoint's target model sees it, and why.
+    """Ranked endpoints to try, the call as each endpoint's target model sees it, and why.
 
-    ``admitted`` (the call admission judged) is reused for its own model when no prompt
-    keys change it: the same call, without building it again.
+    Moving the work (``choose_target``): the route's targets are routed in order until one's
+    best endpoint meets the call's latency budget; that target's endpoints come first, the
+    others follow for failover. Fallback targets are used only when both the route
+    (``allow_fallback``) and the request (``X-Allow-Fallback``) allow it. ``admitted`` (the
+    call admission judged) is reused for its own model when no prompt keys change it.
     """
     targets = gw.targets.get(ctx.model, ())
     if not targets:
@@ -41,27 +44,44 @@ def plan_call(
             404, f"the model '{ctx.model}' does not exist", param="model",
             code="model_not_found",
         )  # fmt: skip
+    allow = ctx.allow_fallback and gw.fallback.get(ctx.model, True)
+    tried = targets if allow else targets[:1]
     now = gw.clock()
-    prompt = gw.router.prompt_keys(ctx.path, body, targets)
-    candidates: list[Candidate] = []
-    calls: dict[str, CallContext] = {}
-    reasons: list[str] = []
-    for target in targets:
+    prompt = gw.router.prompt_keys(ctx.path, body, tried)
+    decisions: dict[str, RouteDecision] = {}
+    target_calls: dict[str, CallContext] = {}
+    num_ranked = 0
+    for target in tried:
         if admitted is not None and admitted.model == target and not prompt.num_tokens:
             call = admitted  # the same fields: no exact count, hence no block keys
         else:
             call = _target_call(ctx, target, prompt.num_tokens, prompt.keys)
         decision = gw.router.route(call, gw.tracker.views(now, target), now)
         gw.tracer.route(decision, target)
-        reasons.append(f"{target}: {decision.reason}" if len(targets) > 1 else decision.reason)
-        if decision.ranked:
-            data = upstream_body(raw, body, target, ctx.stream)
-            for name in decision.names():
-                candidates.append(Candidate(name, gw.tracker.info(name).url + ctx.path, data))
-                calls.setdefault(name, call)
-        if len(candidates) > gw.retries or not gw.fallback.get(ctx.model, True):
+        decisions[target], target_calls[target] = decision, call
+        num_ranked += len(decision.ranked)
+        met = any(d.ranked and d.ranked[0].meets_budget for d in decisions.values())
+        if met and num_ranked > gw.retries:
             break
-    return candidates, calls, "; ".join(reasons)
+    choice = choose_target(tuple(decisions), decisions, allow)
+    first = [choice.model] if choice.model is not None else []
+    candidates: list[Candidate] = []
+    calls: dict[str, CallContext] = {}
+    for target in first + [t for t in decisions if t != choice.model]:
+        names = decisions[target].names()
+        if names:
+            data = upstream_body(raw, body, target, ctx.stream)
+            for name in names:
+                candidates.append(Candidate(name, gw.tracker.info(name).url + ctx.path, data))
+                calls.setdefault(name, target_calls[target])
+    return candidates, calls, _reason(choice, decisions)
+
+
+def _reason(choice: TargetChoice, decisions: dict[str, RouteDecision]) -> str:
+    if len(decisions) == 1:
+        return next(iter(decisions.values())).reason
+    routed = "; ".join(f"{t}: {d.reason}" for t, d in decisions.items())
+    return f"{choice.reason} | {routed}"
 
 
 def _target_call(
@@ -80,8 +100,10 @@ def _target_call(
 
 
 def admission_call(gw: Gateway, ctx: RequestContext) -> CallContext:
-    """The call as admission sees it: against the pool of its first target model that has an
-    endpoint taking work (a route falls back when its first model is down)."""
+    """The call as admission sees it: against the pool of the target the route would move it
+    to now (the first whose best endpoint meets the budget, ``choose_target``), so a
+    saturated primary with a fallback that fits does not refuse the call. Routes with one
+    target (or whose fallback is off) judge the call against that target's pool."""
     targets = gw.targets.get(ctx.model, ())
     if not targets:
         raise ApiError(
@@ -89,17 +111,11 @@ def admission_call(gw: Gateway, ctx: RequestContext) -> CallContext:
             code="model_not_found",
         )  # fmt: skip
     model = targets[0]
-    if len(targets) > 1 and gw.fallback.get(ctx.model, True):
+    if len(targets) > 1 and ctx.allow_fallback and gw.fallback.get(ctx.model, True):
         now = gw.clock()
-        for target in targets:
-            if any(v.state.accepts_work for v in gw.tracker.views(now, target)):
-                model = target
-                break
-    return CallContext(
-        request_id=ctx.request_id, tenant=ctx.tenant, model=model,
-        priority=ctx.priority, arrival_s=ctx.arrival_s,
-        num_prompt_tokens=ctx.num_prompt_tokens, max_tokens=ctx.max_tokens,
-        deadline_s=ctx.deadline_s, ttft_budget_s=ctx.ttft_budget_s,
-        workflow_id=ctx.workflow_id, workflow_step=ctx.workflow_step,
-        workflow_steps=ctx.workflow_steps, stream=ctx.stream,
-    )  # fmt: skip
+        decisions = {
+            t: gw.router.route(_target_call(ctx, t, None, ()), gw.tracker.views(now, t), now)
+            for t in targets
+        }
+        model = choose_target(targets, decisions).model or model
+    return _target_call(ctx, model, None, ())
