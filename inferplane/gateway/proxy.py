@@ -16,7 +16,8 @@ event for the stall timeout) is *resumed*: the next endpoint continues the parti
 the stitcher makes the two segments one stream (no token lost or repeated, one usage). What
 cannot be retried becomes an OpenAI error (JSON, or an SSE error event once a stream has
 begun). A client that goes away cancels the handler, which closes the upstream connection,
-which makes the engine abort the request.
+which makes the engine abort the request. Calls of a hedged class may race a second attempt
+on another endpoint before their first token (``hedge``); the winner is the attempt.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from inferplane.core.types import PriorityClass
 from inferplane.gateway.context import ApiKind, RequestContext
 from inferplane.gateway.errors import ApiError
 from inferplane.gateway.exchange import Candidate, Exchange, Finisher
+from inferplane.gateway.hedge import Hedging
 from inferplane.gateway.relay import JSON_HEADERS, AttemptFailed, CallState, Responder, drain, err
 from inferplane.gateway.reliability import AttemptTiming, Reliability
 from inferplane.gateway.reliability_config import ReliabilityConfig
@@ -75,6 +77,7 @@ class Proxy:
         self.reliability = Reliability(
             reliability or ReliabilityConfig(), tracker, clock, predictor
         )
+        self.hedging = Hedging(self.reliability, session, tracker, clock)
         cfg = self.reliability.config
         self._stall_s = cfg.resumption.stall_timeout_s or timeouts.inter_token_s
 
@@ -118,9 +121,11 @@ class Proxy:
         call = CallState(
             request, ctx, ex, finish, tracer if tracer is not None and tracer.enabled else None
         )
+        self.hedging.begin(call, candidates, on_attempt)
         try:
             return await self._run(call, candidates, on_attempt)
         finally:
+            self.hedging.end(call)
             rel.end_call(ctx)
 
     async def _run(
@@ -252,6 +257,9 @@ class Proxy:
             failure = failure_of_status(refused.status)
             raise
         finally:
+            moved = self.hedging.settle(call)  # a hedge won: the attempt is the hedge's
+            if moved is not None:
+                name, started_s, predicted = moved.endpoint, moved.started_s, moved.predicted
             self._tracker.release(name)
             rel.record(name, failure, self._timing(call, started_s, predicted), self._clock())
 
@@ -296,9 +304,7 @@ class Proxy:
             body = orjson.dumps({**call.continuation, "model": _model_of(cand.body)})
         headers = {**JSON_HEADERS, **trace_headers} if trace_headers else JSON_HEADERS
         try:
-            resp = await self._session.post(
-                cand.url, data=body, headers=headers, timeout=self._timeout(ctx)
-            )
+            resp = await self.hedging.post(call, cand, body, headers, self._timeout(ctx))
         except aiohttp.ClientConnectorError:
             self._tracker.report_connect_error(cand.endpoint)
             error = err(502, "cannot connect to the engine", "connect_error")

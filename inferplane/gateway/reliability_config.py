@@ -4,7 +4,8 @@ Frozen pydantic models with defaults that are on, so a fleet config without a
 ``reliability`` section gets outlier ejection, a retry budget and stream resumption. Each
 section turns into the pure core's own config value (``to_core``); ``enabled: false`` on a
 section gives the plain behaviour of a gateway without it (every failure before the first
-byte retried on the next ranked endpoint, no ejection, no resumption).
+byte retried on the next ranked endpoint, no ejection, no resumption, no hedging).
+Hedging is on for critical calls only; other classes are added in ``hedge.classes``.
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from inferplane.core.breaker import BreakerConfig
 from inferplane.core.retry import RetryConfig
-from inferplane.core.throttle import ThrottleConfig
+from inferplane.core.throttle import HedgeConfig, ThrottleConfig
+from inferplane.core.types import PriorityClass
 
 __all__ = [
     "BreakerSection",
+    "HedgeSection",
     "ReliabilityConfig",
     "ResumptionSection",
     "RetrySection",
@@ -94,6 +97,32 @@ class ThrottleSection(_Frozen):
         return ThrottleConfig(k=self.k, window_s=self.window_s)
 
 
+class HedgeSection(_Frozen):
+    """Hedging: a second attempt elsewhere when the first has no token by its p95 TTFT."""
+
+    enabled: bool = True
+    classes: tuple[PriorityClass, ...] = (PriorityClass.CRITICAL,)
+    max_hedges: int = Field(default=1, ge=0, le=3)
+    min_delay_s: float = Field(default=0.05, ge=0)
+    #: The delay when no prediction is available (no predictor).
+    default_delay_s: float = Field(default=1.0, ge=0)
+    #: The predictor gives a typical TTFT; this factor turns it into a p95 (queueing
+    #: delays are skewed: the 95th percentile of an M/M/c wait is ~3x its mean).
+    p95_over_mean: float = Field(default=2.0, gt=0)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> HedgeSection:
+        self.to_core()
+        return self
+
+    def to_core(self) -> HedgeConfig:
+        return HedgeConfig(
+            classes=frozenset(self.classes), max_hedges=self.max_hedges,
+            min_delay_s=self.min_delay_s, default_delay_s=self.default_delay_s,
+            p95_over_mean=self.p95_over_mean,
+        )  # fmt: skip
+
+
 class ReliabilityConfig(_Frozen):
     """The ``reliability`` section of a fleet config."""
 
@@ -101,4 +130,5 @@ class ReliabilityConfig(_Frozen):
     retry: RetrySection = RetrySection()
     resumption: ResumptionSection = ResumptionSection()
     throttle: ThrottleSection = ThrottleSection()
+    hedge: HedgeSection = HedgeSection()
     seed: int = 0

@@ -1,0 +1,465 @@
+"""Hedged attempts: asking a second endpoint when the first is late with its first token.
+
+A critical call (the classes in ``reliability.hedge``) whose attempt has produced no token by
+the predicted p95 TTFT of the endpoint it went to (the core's ``hedge_after_s``: the
+predictor's uncalibrated TTFT there times ``p95_over_mean``) gets a second attempt on the
+next ranked endpoint not tried yet whose breaker admits it, when the pool's retry budget has
+a slot for it. The attempts race to their *first token* (a stream's first event carrying
+text; a whole answer's first byte, since an engine sends nothing before it is done): the
+first one wins, the others are cancelled at their engines (their connections are closed,
+which makes the engine abort the request and free its slot), and the client sees one clean
+answer from the winner. An attempt that fails during the race drops out and the others go
+on; when the last one fails, its failure goes to the proxy, which retries or gives up as
+for any attempt.
+
+The proxy calls ``post`` where it would call ``session.post``; it returns the winner's
+response with the bytes read during the race put back in front (``_Primed``). When a hedge
+took the attempt over, ``settle`` tells the proxy which endpoint, start time and prediction
+to account the attempt to; every other attempt of the race is accounted here (the tracker's
+in-flight count, the breaker: a cancelled loser's wait is a lower bound of its TTFT).
+A losing attempt's work counts as wasted: its prompt tokens in ``wasted_prefill_tokens``
+and its engine time in ``counts['hedge_wasted_ms']``; when the hedge wins, the app's attempt
+hook moves the call's spend meter over to it, so the first attempt's share is retry spend.
+Hedges show as ``inferplane_retries_total{reason="hedge"}`` (hedges that took over), the
+``hedge*`` counts in ``/v1/stats`` and ``inferplane.hedge.*`` attributes on the attempt span.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, cast
+
+import aiohttp
+import orjson
+from opentelemetry import trace
+
+from inferplane.core.retry import FailureKind, failure_of_status
+from inferplane.core.throttle import HedgeConfig, hedge_after_s, should_hedge
+from inferplane.gateway.exchange import Candidate
+from inferplane.gateway.relay import CallState
+from inferplane.gateway.reliability import AttemptTiming, Reliability
+from inferplane.gateway.sse_filter import DONE, has_token
+from inferplane.gateway.tracker import EndpointTracker
+
+__all__ = ["HedgeMove", "Hedging"]
+
+_MAX_HEAD_BYTES = 65_536  # stop looking for the first token after this much (it is an answer)
+Predicted = tuple[float | None, float | None]
+OnAttempt = Callable[[str, str | None], None]
+
+
+@dataclass(frozen=True, slots=True)
+class HedgeMove:
+    """The attempt the proxy started now lives on another endpoint (a hedge took it over)."""
+
+    endpoint: str
+    started_s: float
+    predicted: Predicted
+
+
+@dataclass(slots=True)
+class _Call:
+    """A hedged call's candidates, hedges sent, budget slots held and pending move."""
+
+    candidates: Sequence[Candidate]
+    on_attempt: OnAttempt
+    hedges_sent: int = 0
+    slots: int = 0
+    moved: HedgeMove | None = None
+
+
+@dataclass(slots=True)
+class _Racer:
+    endpoint: str
+    started_s: float
+    predicted: Predicted
+    task: asyncio.Task[tuple[aiohttp.ClientResponse, bytes]]
+    retired: bool = False
+
+
+class Hedging:
+    """Hedged attempts for one proxy (see the module docstring)."""
+
+    def __init__(
+        self,
+        reliability: Reliability,
+        session: aiohttp.ClientSession,
+        tracker: EndpointTracker,
+        clock: Callable[[], float],
+    ) -> None:
+        section = reliability.config.hedge
+        self.config: HedgeConfig = section.to_core()
+        self._on = section.enabled and self.config.max_hedges > 0 and bool(self.config.classes)
+        self._rel = reliability
+        self._session = session
+        self._tracker = tracker
+        self._clock = clock
+        self._calls: dict[int, _Call] = {}
+
+    # ---- the proxy's hooks -----------------------------------------------------------------
+
+    def begin(
+        self, call: CallState, candidates: Sequence[Candidate], on_attempt: OnAttempt
+    ) -> None:
+        """A call enters the proxy: remember its candidates when its class is hedged."""
+        if self._on and call.ctx.priority in self.config.classes and len(candidates) > 1:
+            self._calls[id(call)] = _Call(candidates, on_attempt)
+
+    def end(self, call: CallState) -> None:
+        """The call is over: release the budget slots its hedges held."""
+        state = self._calls.pop(id(call), None)
+        if state is not None:
+            for _ in range(state.slots):
+                self._rel.release(call.ctx)
+
+    def settle(self, call: CallState) -> HedgeMove | None:
+        """The attempt the proxy started is over: where it ended up, if a hedge moved it."""
+        state = self._calls.get(id(call))
+        if state is None or state.moved is None:
+            return None
+        moved, state.moved = state.moved, None
+        return moved
+
+    async def post(
+        self,
+        call: CallState,
+        cand: Candidate,
+        body: bytes,
+        headers: dict[str, str],
+        client_timeout: aiohttp.ClientTimeout,
+    ) -> aiohttp.ClientResponse:
+        """``session.post``, hedged when the call's class is and nothing was sent yet."""
+        state = self._calls.get(id(call))
+        if state is None or call.out is not None or state.hedges_sent >= self.config.max_hedges:
+            return await self._session.post(
+                cand.url, data=body, headers=headers, timeout=client_timeout
+            )
+        first = self._racer(call, cand, body, headers, client_timeout, call.attempt_started_s)
+        return await _Race(self, call, state, first, headers, client_timeout).run()
+
+    # ---- helpers for the race --------------------------------------------------------------
+
+    def _racer(
+        self,
+        call: CallState,
+        cand: Candidate,
+        body: bytes,
+        headers: dict[str, str],
+        client_timeout: aiohttp.ClientTimeout,
+        started_s: float,
+    ) -> _Racer:
+        predicted = self._predict(cand.endpoint, call, started_s)
+        coro = _open(self._session, cand.url, body, headers, client_timeout, stream=call.ctx.stream)
+        return _Racer(cand.endpoint, started_s, predicted, asyncio.create_task(coro))
+
+    def _predict(self, endpoint: str, call: CallState, now: float) -> Predicted:
+        predictor = self._rel.predictor
+        if predictor is None:
+            return None, None
+        view = self._tracker.view(endpoint, now)
+        est = predictor.predict(view, call.ctx.model, call.ctx.num_prompt_tokens, now)
+        return est.raw_ttft_s, est.raw_tpot_s
+
+    def _next_candidate(self, call: CallState, state: _Call) -> Candidate | None:
+        for cand in state.candidates:
+            if cand.endpoint not in call.tried and self._rel.admits(cand.endpoint):
+                return cand
+        return None
+
+    def _take_slot(self, call: CallState) -> bool:
+        """A retry-budget slot for a hedge (the same budget retries draw from)."""
+        rel, model = self._rel, call.ctx.model
+        return rel._budget(model).try_acquire(rel._active[model])
+
+    def _retire(self, call: CallState, racer: _Racer, failure: FailureKind, *, lost: bool) -> None:
+        """Account for an attempt that is out of the race (``lost``: cancelled by a win)."""
+        racer.retired = True
+        now = self._clock()
+        timing = AttemptTiming()
+        if lost:
+            _cancel(racer.task)
+            waited_s = now - racer.started_s
+            counts = self._rel.counts
+            counts["hedge_cancelled"] += 1
+            counts["hedge_wasted_ms"] += round(1e3 * waited_s)
+            call.ex.wasted_prefill_tokens += call.ctx.num_prompt_tokens
+            ttft = racer.predicted[0]
+            if ttft is not None and waited_s > ttft:  # a lower bound of its TTFT
+                timing = AttemptTiming(waited_s, ttft)
+        elif failure is FailureKind.CONNECT:
+            self._tracker.report_connect_error(racer.endpoint)
+        self._tracker.release(racer.endpoint)
+        self._rel.record(racer.endpoint, failure, timing, now)
+
+
+class _Race:
+    """One race between an attempt and its hedges (lives for one ``Hedging.post``)."""
+
+    def __init__(
+        self,
+        hedging: Hedging,
+        call: CallState,
+        state: _Call,
+        first: _Racer,
+        headers: dict[str, str],
+        client_timeout: aiohttp.ClientTimeout,
+    ) -> None:
+        self.h, self.call, self.state = hedging, call, state
+        self.first = self.current = first
+        self.racers = [first]
+        self.headers, self.client_timeout = headers, client_timeout
+        self.delay_s = hedge_after_s(call.ctx.priority, first.predicted[0], hedging.config)
+        self.last_launch_s = first.started_s
+        self.hedging_done = self.delay_s is None
+
+    async def run(self) -> aiohttp.ClientResponse:
+        try:
+            while True:
+                live = {r.task: r for r in self.racers if not r.retired}
+                wait_s = self._until_hedge()
+                done, _ = await asyncio.wait(
+                    live, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED
+                )
+                if not done:
+                    self._hedge()
+                    continue
+                for task in done:
+                    answer = self._judge(live[task])
+                    if answer is not None:
+                        return answer
+        finally:
+            self._finish()
+
+    def _until_hedge(self) -> float | None:
+        if self.hedging_done or self.delay_s is None:
+            return None
+        return max(0.0, self.last_launch_s + self.delay_s - self.h._clock())
+
+    def _hedge(self) -> None:
+        """The hedge delay passed without a token: send the next attempt, if allowed."""
+        h, call, state = self.h, self.call, self.state
+        now = h._clock()
+        decision = should_hedge(
+            call.ctx.priority, self.last_launch_s, now, self.first.predicted[0],
+            first_token_seen=False, hedges_sent=state.hedges_sent, config=h.config,
+        )  # fmt: skip
+        if not decision.hedge:
+            self.hedging_done = state.hedges_sent >= h.config.max_hedges
+            return
+        cand = h._next_candidate(call, state)
+        if cand is None:
+            h._rel.counts["hedge_no_candidate"] += 1
+            self.hedging_done = True
+            return
+        if not h._take_slot(call):
+            h._rel.counts["hedge_denied_budget"] += 1
+            self.hedging_done = True
+            return
+        state.slots += 1
+        state.hedges_sent += 1
+        h._rel.counts["hedges"] += 1
+        call.tried.append(cand.endpoint)
+        call.ex.attempts += 1
+        h._tracker.acquire(cand.endpoint)
+        h._rel.dispatch(cand.endpoint)
+        racer = h._racer(call, cand, cand.body, self.headers, self.client_timeout, now)
+        self.racers.append(racer)
+        self.last_launch_s = now
+        span = trace.get_current_span()
+        span.set_attribute("inferplane.hedge.endpoint", cand.endpoint)
+        span.set_attribute("inferplane.hedge.after_s", round(now - self.first.started_s, 6))
+
+    def _judge(self, racer: _Racer) -> aiohttp.ClientResponse | None:
+        """The answer when ``racer`` won (or failed last); None: the race goes on."""
+        others = sum(1 for r in self.racers if not r.retired and r is not racer)
+        try:
+            resp, head = racer.task.result()
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            if not others:
+                raise
+            self._drop(racer, _failure_of(exc))
+            return None
+        failure = _race_failure(resp.status, head)
+        if failure is not None and others:
+            resp.close()
+            self._drop(racer, failure)
+            return None
+        self._win(racer, won=failure is None)
+        return cast(aiohttp.ClientResponse, _Primed(resp, head))
+
+    def _drop(self, racer: _Racer, failure: FailureKind) -> None:
+        """A racer failed while others run: account it; the proxy follows another."""
+        if racer is self.current:
+            self.current = next(r for r in self.racers if not r.retired and r is not racer)
+        self.h._rel.counts["hedge_race_failures"] += 1
+        self.h._retire(self.call, racer, failure, lost=False)
+
+    def _win(self, racer: _Racer, *, won: bool) -> None:
+        racer.retired = True
+        for other in self.racers:
+            if not other.retired and other is not self.current:
+                self.h._retire(self.call, other, FailureKind.CANCELLED, lost=True)
+        if racer is not self.current:  # the proxy's attempt loses: its accounting is ours
+            self.h._retire(self.call, self.current, FailureKind.CANCELLED, lost=True)
+            self.current = racer
+        if won and racer is not self.first:
+            self.h._rel.counts["hedge_wins"] += 1
+        trace.get_current_span().set_attribute("inferplane.hedge.winner", racer.endpoint)
+
+    def _finish(self) -> None:
+        """Leaving the race (won, failed or cancelled): no racer keeps running."""
+        call, current = self.call, self.current
+        for racer in self.racers:
+            if not racer.retired and racer is not current:
+                self.h._retire(call, racer, FailureKind.CANCELLED, lost=True)
+        if not current.task.done():  # the handler was cancelled (the client left)
+            _cancel(current.task)
+        if current is not self.first:
+            call.ex.endpoint = current.endpoint
+            call.attempt_started_s = current.started_s
+            self.state.moved = HedgeMove(current.endpoint, current.started_s, current.predicted)
+            self.state.on_attempt(current.endpoint, "hedge")
+
+
+def _failure_of(exc: BaseException) -> FailureKind:
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return FailureKind.CONNECT
+    if isinstance(exc, TimeoutError):
+        return FailureKind.TIMEOUT
+    return FailureKind.RESET
+
+
+def _race_failure(status: int, head: bytes) -> FailureKind | None:
+    """Whether an attempt that answered lost the race by failing (None: it is an answer)."""
+    if status == 200:
+        return None if head else FailureKind.RESET
+    kind = failure_of_status(status)
+    return kind if kind is not None and kind.retryable else None
+
+
+def _cancel(task: asyncio.Task[tuple[aiohttp.ClientResponse, bytes]]) -> None:
+    """Stop a racer: cancelling closes its connection (the engine aborts); one that had
+    already answered has its response closed."""
+    if task.done():
+        if not task.cancelled() and task.exception() is None:
+            task.result()[0].close()
+        return
+    task.cancel()
+    task.add_done_callback(_close_late)
+
+
+def _close_late(task: asyncio.Task[tuple[aiohttp.ClientResponse, bytes]]) -> None:
+    if not task.cancelled() and task.exception() is None:
+        task.result()[0].close()
+
+
+async def _open(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: bytes,
+    headers: dict[str, str],
+    client_timeout: aiohttp.ClientTimeout,
+    *,
+    stream: bool,
+) -> tuple[aiohttp.ClientResponse, bytes]:
+    """Send one attempt and read up to its first token (its first byte when not a stream)."""
+    resp = await session.post(url, data=body, headers=headers, timeout=client_timeout)
+    try:
+        if resp.status != 200:
+            return resp, b""
+        head = b""
+        while True:
+            data = await resp.content.readany()
+            head += data
+            if not data or not stream or len(head) > _MAX_HEAD_BYTES or _has_answer(head):
+                return resp, head
+    except BaseException:
+        resp.close()
+        raise
+
+
+def _has_answer(head: bytes) -> bool:
+    """Whether the complete SSE events in ``head`` include more than an opening role chunk:
+    a token, a finish, usage, an error, [DONE] or anything unparsable."""
+    if b"\r" in head:
+        head = head.replace(b"\r\n", b"\n")
+    for event in head.split(b"\n\n")[:-1]:
+        if not event.startswith(b"data:"):
+            continue
+        payload = event[5:].strip()
+        if payload.startswith(DONE[6:]):
+            return True
+        try:
+            obj = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            return True
+        if not isinstance(obj, dict) or "error" in obj or obj.get("usage"):
+            return True
+        choices = obj.get("choices")
+        if has_token(choices) or not choices:
+            return True
+        if any(isinstance(c, dict) and c.get("finish_reason") for c in choices):
+            return True
+    return False
+
+
+class _Content:
+    """``resp.content`` with the bytes read during the race in front."""
+
+    def __init__(self, resp: aiohttp.ClientResponse, head: bytes) -> None:
+        self._resp, self._head = resp, head
+
+    async def iter_any(self) -> AsyncIterator[bytes]:
+        if self._head:
+            head, self._head = self._head, b""
+            yield head
+        async for data in self._resp.content.iter_any():
+            yield data
+
+    def take_head(self) -> bytes:
+        head, self._head = self._head, b""
+        return head
+
+
+class _Primed:
+    """A response whose first bytes were read during the race: reads replay them first."""
+
+    def __init__(self, resp: aiohttp.ClientResponse, head: bytes) -> None:
+        self._resp = resp
+        self.content = _Content(resp, head)
+
+    @property
+    def status(self) -> int:
+        return self._resp.status
+
+    @property
+    def headers(self) -> Any:
+        return self._resp.headers
+
+    async def read(self) -> bytes:
+        head = self.content.take_head()
+        return head + await self._resp.read()
+
+    def close(self) -> None:
+        self._resp.close()
+
+    def release(self) -> None:
+        self._resp.release()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._resp, name)
+
+    async def __aenter__(self) -> _Primed:
+        await self._resp.__aenter__()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self._resp.__aexit__(exc_type, exc, tb)
