@@ -45,10 +45,19 @@ class PoolSensor:
         return window
 
     def on_arrival(self, pool: str, num_tokens: float) -> None:
-        """A call arrived for ``pool`` carrying ``num_tokens`` (prompt plus expected output)."""
+        """A call arrived for ``pool`` carrying ``num_tokens`` (prompt plus expected output; 0
+        when the body counts work as it is served instead, with :meth:`on_served`)."""
         window = self._window(pool)
         window.tokens += num_tokens
         window.requests += 1
+
+    def on_served(self, pool: str, num_tokens: float) -> None:
+        """Tokens of work an engine did for ``pool`` (prompt not served from cache plus output).
+
+        For a body that counts demand as work done rather than tokens sent: agentic calls
+        resend a context that is mostly cached, so tokens sent overstate the work many times.
+        """
+        self._window(pool).tokens += num_tokens
 
     def on_finish(self, pool: str, within_slo: bool) -> None:
         window = self._window(pool)

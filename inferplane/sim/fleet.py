@@ -33,12 +33,14 @@ class SimEndpoint:
 
     __slots__ = (
         "config",
+        "draining",
         "engine",
         "in_flight",
         "index",
         "info",
         "load",
         "provisioned_s",
+        "stopped_s",
         "wake_at_s",
     )
 
@@ -56,6 +58,13 @@ class SimEndpoint:
         self.load = EndpointLoad()
         self.provisioned_s = provisioned_s
         self.wake_at_s: float | None = None  # the engine wake-up the event queue holds
+        self.draining = False  # scale-down: takes no new work, finishes what it holds
+        self.stopped_s: float | None = None  # drained and gone: no views, no more spend
+
+    def cost_s(self, now: float) -> float:
+        """Seconds this replica has cost money by ``now`` (from start to stop)."""
+        end = now if self.stopped_s is None else min(now, self.stopped_s)
+        return max(0.0, end - self.provisioned_s)
 
     @property
     def name(self) -> str:
@@ -63,6 +72,8 @@ class SimEndpoint:
 
     @property
     def view_state(self) -> EndpointState:
+        if self.draining:
+            return EndpointState.DRAINING
         return _VIEW_STATE[self.engine.state]
 
     def scrape(self, now: float) -> None:
@@ -111,14 +122,28 @@ class Fleet:
         self.by_name[ep.name] = ep
         return ep
 
-    def add_replica(self, template: str, now: float) -> SimEndpoint:
-        """A new cold replica shaped like ``template`` (named ``template+N``)."""
+    def add_replica(
+        self,
+        template: str,
+        now: float,
+        *,
+        gpu: str | None = None,
+        price_per_hour_usd: float | None = None,
+    ) -> SimEndpoint:
+        """A new cold replica shaped like ``template`` (named ``template+N``).
+
+        ``gpu`` (with its price) makes it a replica of the same models on another GPU type.
+        """
         base = self.by_name[template].config
         n = 1
         while f"{base.name}+{n}" in self.by_name:
             n += 1
-        config = base.model_copy(update={"name": f"{base.name}+{n}"})
-        return self._add(config, EngineState.COLD, now)
+        update: dict[str, object] = {"name": f"{base.name}+{n}"}
+        if gpu is not None:
+            update["gpu"] = gpu
+        if price_per_hour_usd is not None:
+            update["price_per_hour_usd"] = price_per_hour_usd
+        return self._add(base.model_copy(update=update), EngineState.COLD, now)
 
     def scrape_due(self, now: float) -> bool:
         """Whether :meth:`views` at ``now`` takes a fresh scrape."""
@@ -131,7 +156,9 @@ class Fleet:
             for ep in self.endpoints:
                 ep.scrape(now)
         return [
-            EndpointView(ep.info, ep.view_state, ep.load, ep.in_flight) for ep in self.endpoints
+            EndpointView(ep.info, ep.view_state, ep.load, ep.in_flight)
+            for ep in self.endpoints
+            if ep.stopped_s is None
         ]
 
     def context_limit_tokens(self, model: str) -> int:

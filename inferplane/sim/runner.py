@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from inferplane.config import FleetConfig
 from inferplane.core.admission import Enqueue, Reject
+from inferplane.core.autoscaler import Forecast
 from inferplane.core.kv_events import KVEvent as CoreKVEvent
 from inferplane.core.prefix_index import block_keys
 from inferplane.core.queueing import ExitKind, QueueExit
@@ -42,6 +43,7 @@ from inferplane.engine.types import (
     StateChanged,
     TokensGenerated,
 )
+from inferplane.sim.autoscale import Scaling, make_loop
 from inferplane.sim.baselines import CORE_ROUTED, Inferplane, make_policy, needs_block_keys
 from inferplane.sim.events import EventKind, EventQueue
 from inferplane.sim.faults import expand
@@ -70,8 +72,13 @@ _ENGINE_TO_VIEW = {
 ProgressFn = Callable[[float], None]
 
 
-class Simulation(Upkeep):
-    """Runs one policy over one scenario; ``run()`` once, then read the ``RunResult``."""
+class Simulation(Upkeep, Scaling):
+    """Runs one policy over one scenario; ``run()`` once, then read the ``RunResult``.
+
+    ``autoscale`` (``off``, ``inferplane``, ``queue-hpa``; None: ``inferplane`` when the fleet
+    config's ``autoscale`` section is enabled) sizes the pools (:mod:`inferplane.sim.autoscale`);
+    ``forecasts`` (pool -> demand course) go to the core's autoscaler.
+    """
 
     def __init__(
         self,
@@ -82,6 +89,8 @@ class Simulation(Upkeep):
         *,
         seed: int | None = None,
         progress: ProgressFn | None = None,
+        autoscale: str | None = None,
+        forecasts: Mapping[str, Forecast] | None = None,
     ) -> None:
         self.scenario, self.policy_name, self._progress = scenario, policy, progress
         self.seed = scenario.seed if seed is None else seed
@@ -116,6 +125,7 @@ class Simulation(Upkeep):
         self._faults = expand(
             scenario.faults, {e.name: e.info.region for e in self.fleet.endpoints}
         )
+        self.scaler = make_loop(fleet_config.autoscale, autoscale, forecasts)
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -125,6 +135,7 @@ class Simulation(Upkeep):
         for i in range(len(self.sources)):
             self._pull(i)
         self.q.push(0.0, EventKind.SAMPLE)
+        self._start_scaling()
         q, handlers = self.q, self._handlers()
         while q:
             t = q.peek_time()
@@ -145,7 +156,7 @@ class Simulation(Upkeep):
             EventKind.POLL: self._on_poll,  # type: ignore[dict-item]
             EventKind.TIMEOUT: self._on_timeout,  # type: ignore[dict-item]
             EventKind.ARRIVAL: self._on_arrival,  # type: ignore[dict-item]
-            EventKind.SAMPLE: self._on_sample,
+            EventKind.SAMPLE: self._on_sample_or_tick,
         }
 
     def _pull(self, source: int) -> None:
@@ -166,6 +177,7 @@ class Simulation(Upkeep):
         call, refill = payload
         if refill >= 0:
             self._pull(refill)
+        self._sense_arrival(call)
         self._attempt(call, self.q.now_s)
 
     def _attempt(self, call: Call, now: float) -> None:
@@ -348,6 +360,7 @@ class Simulation(Upkeep):
         if call is None:
             return  # an attempt the client already gave up on
         ep.in_flight -= 1
+        self._served(ep, call, ev)
         call.cached, call.completion = ev.num_cached_tokens, ev.num_completion_tokens
         ok = ev.reason in _SUCCESS
         assert call.ctx is not None
@@ -373,6 +386,7 @@ class Simulation(Upkeep):
         ep = call.endpoint
         assert ep is not None and call.ctx is not None
         ep.in_flight -= 1
+        self._stop_if_drained(ep, now)
         self.gate.on_finish(call.ctx, now, 0, False)
         self._schedule_poll(now)
         self._handle(ep, ep.engine.abort(call.engine_id, now))
@@ -404,6 +418,7 @@ class Simulation(Upkeep):
         """The call's last word: record it, then start its task's next call (if any)."""
         del self._open[call.call_id]
         self.ledger.close(call, now, outcome, reason)
+        self._sense_end(call, now, outcome)
         if call.endpoint is not None:
             ok = outcome is Outcome.SUCCESS
             self.policy.on_done(call.workflow_id, call.endpoint.name, ok, now)

@@ -93,6 +93,12 @@ class Upkeep:
             self.q.push(nxt, EventKind.SAMPLE)
 
     def _extra_spend(self, now: float) -> float:
-        """Spend of scale-out replicas, which the accountant's fixed fleet does not hold."""
-        extra = self.fleet.endpoints[self._base_endpoints :]
-        return sum(ep.info.price_per_hour_usd * (now - ep.provisioned_s) / 3600 for ep in extra)
+        """Spend outside the accountant's fixed fleet: scale-out replicas from start to stop,
+        less the time configured replicas spent stopped after a scale-down drained them."""
+        total = 0.0
+        for ep in self.fleet.endpoints:
+            if ep.index >= self._base_endpoints:
+                total += ep.info.price_per_hour_usd * ep.cost_s(now) / 3600
+            elif ep.stopped_s is not None and now > ep.stopped_s:
+                total -= ep.info.price_per_hour_usd * (now - ep.stopped_s) / 3600
+        return total

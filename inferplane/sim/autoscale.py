@@ -1,0 +1,347 @@
+"""The autoscaler in the simulator: the core's control loop on a periodic tick of virtual time.
+
+The simulator drives the same loop as the gateway. Every ``tick_s`` of the fleet config's
+``autoscale`` section (the section ``inferplane serve`` reads), a control tick:
+
+* **senses** each pool the way the gateway does: the work its engines did in the window (prompt
+  tokens not served from cache plus output tokens: agentic calls resend a mostly cached
+  context, so tokens *sent* would overstate demand many times), the calls that arrived and
+  the share that ended within their SLO (a :class:`PoolSensor` the runner feeds), the backlog
+  (calls queued at the admission gate plus the engines' scraped waiting counts, at the mean
+  work per call) and the replicas by GPU type and state;
+* **decides** with the pure :class:`~inferplane.core.autoscaler.Autoscaler` (or, for
+  comparison, :class:`QueueRule`: production-stack's KEDA rule on waiting calls, as an HPA
+  evaluates it);
+* **acts** on the simulated fleet: a new replica starts cold and loads for its profile's
+  cold-start time before it takes work; a replica scaled down drains (no new work, in-flight
+  calls finish) and then stops. Spend counts every replica from start to stop, warming and
+  draining included.
+
+Scale-down drains the youngest replicas first, so the fleet config's own endpoints (the
+accountant's fixed fleet) are the last to go. :class:`Scaling` is a mixin of the runner's
+``Simulation``; :class:`ScaleLoop` holds the loop's state and is free of the event machinery.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from inferplane.core.autoscale_sensor import PoolSensor
+from inferplane.core.autoscaler import (
+    Autoscaler,
+    AutoscalerState,
+    Forecast,
+    PoolPolicy,
+    ScaleDecision,
+)
+from inferplane.engine.types import EngineEvent, EngineState, RequestFinished
+from inferplane.gateway.observability_config import AutoscaleConfig
+from inferplane.sim.events import EventKind, EventQueue
+from inferplane.sim.fleet import Fleet, SimEndpoint
+from inferplane.sim.kvfeed import KVFeed
+from inferplane.sim.ledger import Call
+from inferplane.sim.records import Outcome
+
+__all__ = [
+    "CONTROL_TICK",
+    "FleetPoint",
+    "QueueRule",
+    "ScaleLoop",
+    "ScalePolicy",
+    "Scaling",
+    "gpu_hours",
+    "make_loop",
+    "replica_spend_usd",
+    "within_slo",
+]
+
+#: Tokens one waiting call stands for before any call has been seen (the gateway's figure).
+DEFAULT_TOKENS_PER_CALL = 1000.0
+
+
+class ScalePolicy(enum.Enum):
+    """Who sizes the pools of a run."""
+
+    OFF = "off"  # the fleet config's endpoints, fixed
+    INFERPLANE = "inferplane"  # the core's autoscaler
+    QUEUE = "queue-hpa"  # production-stack's KEDA rule on waiting calls
+
+
+class _Tick:
+    """The payload of a control-tick event (a SAMPLE-priority event: the instant has settled)."""
+
+    __slots__ = ()
+
+
+CONTROL_TICK = _Tick()
+
+
+@dataclass(frozen=True, slots=True)
+class QueueRule:
+    """production-stack's KEDA rule as an HPA evaluates it.
+
+    KEDA's Prometheus scaler on ``vllm:num_requests_waiting`` with an average-value target:
+    desired = ceil(waiting calls / target per replica), bounded by min and max; scale-up is
+    immediate, scale-down follows the largest desired count of the stabilisation window
+    (the HPA's default 300 s). One GPU type: the pool's first.
+    """
+
+    target_waiting_per_replica: float = 5.0
+    stabilisation_s: float = 300.0
+
+    def desired(
+        self,
+        policy: PoolPolicy,
+        waiting_calls: float,
+        now: float,
+        history: deque[tuple[float, int]],
+    ) -> int:
+        raw = math.ceil(waiting_calls / self.target_waiting_per_replica - 1e-9)
+        history.append((now, min(policy.max_replicas, max(policy.min_replicas, raw))))
+        while history and history[0][0] < now - self.stabilisation_s:
+            history.popleft()
+        return max(n for _, n in history)
+
+
+@dataclass(frozen=True, slots=True)
+class FleetPoint:
+    """One pool at one control tick: replicas by state and what the loop asked for."""
+
+    time_s: float
+    pool: str
+    serving: int
+    starting: int
+    draining: int
+    desired: int
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PoolCounts:
+    """Replicas of one pool now, by GPU type."""
+
+    serving: dict[str, int]
+    starting: dict[str, int]
+    draining: int
+    waiting_calls: int  # scraped engine queues
+
+
+class ScaleLoop:
+    """The loop's state over one run: sensor, core state, HPA history and the timeline."""
+
+    def __init__(
+        self,
+        config: AutoscaleConfig,
+        policy: ScalePolicy,
+        forecasts: Mapping[str, Forecast] | None = None,
+        rule: QueueRule | None = None,
+    ) -> None:
+        self.config = config
+        self.policy = policy
+        self.policies = {p.pool: p for p in config.policies()}
+        self.core = Autoscaler(list(self.policies.values()))
+        self.state = AutoscalerState()
+        self.forecasts = forecasts
+        self.rule = rule or QueueRule()
+        self.sensor = PoolSensor()
+        self.timeline: list[FleetPoint] = []
+        self.decisions: list[ScaleDecision] = []
+        self._history: dict[str, deque[tuple[float, int]]] = {}
+        self._seen: dict[str, tuple[float, int]] = {}  # pool -> (tokens, calls) so far
+
+    def on_arrival(self, pool: str) -> None:
+        if pool in self.policies:
+            self.sensor.on_arrival(pool, 0.0)
+
+    def on_served(self, pool: str, num_tokens: float) -> None:
+        """An engine finished an attempt that took ``num_tokens`` of work (uncached + output)."""
+        if pool in self.policies:
+            self.sensor.on_served(pool, num_tokens)
+            tokens, calls = self._seen.get(pool, (0.0, 0))
+            self._seen[pool] = (tokens + num_tokens, calls + 1)
+
+    def on_finish(self, pool: str, ok: bool) -> None:
+        if pool in self.policies:
+            self.sensor.on_finish(pool, ok)
+
+    def tokens_per_call(self, pool: str) -> float:
+        tokens, calls = self._seen.get(pool, (0.0, 0))
+        return tokens / calls if calls else DEFAULT_TOKENS_PER_CALL
+
+    def decide(
+        self, now: float, counts: Mapping[str, PoolCounts], queued: Mapping[str, int]
+    ) -> dict[str, dict[str, int]]:
+        """Desired replicas per pool and GPU type; ``queued``: pool -> calls at the gate."""
+        out: dict[str, dict[str, int]] = {}
+        reasons: dict[str, str] = {}
+        if self.policy is ScalePolicy.INFERPLANE:
+            signals = []
+            for pool, c in counts.items():
+                waiting = c.waiting_calls + queued.get(pool, 0)
+                backlog = waiting * self.tokens_per_call(pool)
+                signals.append(
+                    self.sensor.signal(
+                        pool, now, c.serving, c.starting, backlog, self.config.tick_s
+                    )
+                )
+            self.decisions, self.state = self.core.decide(signals, self.state, self.forecasts)
+            for d in self.decisions:
+                out[d.pool] = dict(d.desired)
+                reasons[d.pool] = d.reason
+        elif self.policy is ScalePolicy.QUEUE:
+            for pool, c in counts.items():
+                policy = self.policies[pool]
+                waiting = c.waiting_calls + queued.get(pool, 0)
+                history = self._history.setdefault(pool, deque())
+                n = self.rule.desired(policy, waiting, now, history)
+                out[pool] = {policy.options[0].gpu: n}
+                reasons[pool] = f"{waiting} waiting calls"
+        for pool, c in counts.items():
+            self.timeline.append(
+                FleetPoint(
+                    now, pool, sum(c.serving.values()), sum(c.starting.values()), c.draining,
+                    sum(out.get(pool, {}).values()), reasons.get(pool, ""),
+                )
+            )  # fmt: skip
+        return out
+
+
+def make_loop(
+    config: AutoscaleConfig, name: str | None, forecasts: Mapping[str, Forecast] | None = None
+) -> ScaleLoop | None:
+    """The run's loop: ``name`` a :class:`ScalePolicy` value, None for the config's choice."""
+    policy = ScalePolicy(name or ("inferplane" if config.enabled else "off"))
+    return None if policy is ScalePolicy.OFF else ScaleLoop(config, policy, forecasts)
+
+
+def within_slo(call: Call, now: float, outcome: Outcome) -> bool:
+    """Whether a call that ends at ``now`` met its source's SLO (as the summary counts it)."""
+    if outcome is not Outcome.SUCCESS:
+        return False
+    slo = call.info.slo
+    if slo.ttft_s is not None and (
+        call.first_token_s is None or call.first_token_s - call.arrival_s > slo.ttft_s
+    ):
+        return False
+    return slo.e2e_s is None or now - call.arrival_s <= slo.e2e_s
+
+
+class Scaling:
+    """Control-tick handling and actuation; the attributes are the ``Simulation``'s."""
+
+    q: EventQueue
+    fleet: Fleet
+    kv: KVFeed | None
+    scaler: ScaleLoop | None
+    _queued: dict[str, Call]
+
+    def _handle(self, ep: SimEndpoint, events: list[EngineEvent]) -> None:
+        raise NotImplementedError
+
+    def _wake(self, ep: SimEndpoint, now: float) -> None:
+        raise NotImplementedError
+
+    def _on_sample(self, _: object = None) -> None:
+        raise NotImplementedError
+
+    def _sense_arrival(self, call: Call) -> None:
+        if self.scaler is not None and call.attempt == 0:
+            self.scaler.on_arrival(call.info.targets[0])
+
+    def _served(self, ep: SimEndpoint, call: Call, ev: RequestFinished) -> None:
+        """An attempt ended at its engine: count its work, stop the replica if it drained."""
+        if self.scaler is not None:
+            work = ev.num_prompt_tokens - ev.num_cached_tokens + ev.num_completion_tokens
+            self.scaler.on_served(call.info.targets[0], work)
+        self._stop_if_drained(ep, ev.time_s)
+
+    def _sense_end(self, call: Call, now: float, outcome: Outcome) -> None:
+        if self.scaler is not None and outcome is not Outcome.UNFINISHED:
+            self.scaler.on_finish(call.info.targets[0], within_slo(call, now, outcome))
+
+    def _on_sample_or_tick(self, payload: object) -> None:
+        if payload is CONTROL_TICK:
+            self._on_control_tick()
+        else:
+            self._on_sample(payload)
+
+    def _start_scaling(self) -> None:
+        if self.scaler is not None and self.scaler.policy is not ScalePolicy.OFF:
+            self.q.push(self.q.now_s, EventKind.SAMPLE, CONTROL_TICK)
+
+    def _on_control_tick(self) -> None:
+        scaler = self.scaler
+        assert scaler is not None
+        now = self.q.now_s
+        self.fleet.views(now)  # the scrape the gateway would have, when one is due
+        counts = {pool: self._pool_counts(pool) for pool in scaler.policies}
+        queued: dict[str, int] = {}
+        for call in self._queued.values():
+            queued[call.info.targets[0]] = queued.get(call.info.targets[0], 0) + 1
+        for pool, desired in scaler.decide(now, counts, queued).items():
+            self._scale_to(pool, desired, now)
+        self.q.push(now + scaler.config.tick_s, EventKind.SAMPLE, CONTROL_TICK)
+
+    def _live(self, pool: str) -> list[SimEndpoint]:
+        return [
+            ep for ep in self.fleet.endpoints if ep.stopped_s is None and pool in ep.info.models
+        ]
+
+    def _pool_counts(self, pool: str) -> PoolCounts:
+        serving: dict[str, int] = {}
+        starting: dict[str, int] = {}
+        draining = waiting = 0
+        for ep in self._live(pool):
+            gpu = ep.info.gpu
+            waiting += ep.load.num_waiting
+            if ep.draining:
+                draining += 1
+            elif ep.engine.state is EngineState.READY:
+                serving[gpu] = serving.get(gpu, 0) + 1
+            else:
+                starting[gpu] = starting.get(gpu, 0) + 1
+        return PoolCounts(serving, starting, draining, waiting)
+
+    def _scale_to(self, pool: str, desired: Mapping[str, int], now: float) -> None:
+        live = [ep for ep in self._live(pool) if not ep.draining]
+        gpus = {*desired, *(ep.info.gpu for ep in live)}
+        for gpu in sorted(gpus):
+            have = [ep for ep in live if ep.info.gpu == gpu]
+            want = desired.get(gpu, 0)
+            for _ in range(want - len(have)):
+                self._add_replica(pool, gpu, now)
+            for ep in sorted(have, key=lambda e: -e.index)[: max(0, len(have) - want)]:
+                ep.draining = True
+                self._stop_if_drained(ep, now)
+
+    def _add_replica(self, pool: str, gpu: str, now: float) -> None:
+        assert self.scaler is not None
+        serving = [ep for ep in self.fleet.endpoints if pool in ep.info.models]
+        same = [ep for ep in serving if ep.info.gpu == gpu]
+        template = (same or serving)[0]
+        option = self.scaler.policies[pool].option(gpu)
+        price = None if same or option is None else option.price_per_hour_usd
+        ep = self.fleet.add_replica(template.name, now, gpu=gpu, price_per_hour_usd=price)
+        if self.kv is not None:
+            self.kv.add_endpoint(ep.name)
+        self._handle(ep, ep.engine.start_loading(now))
+        self._wake(ep, now)
+
+    def _stop_if_drained(self, ep: SimEndpoint, now: float) -> None:
+        """A draining replica with nothing in flight stops (and stops costing)."""
+        if ep.draining and ep.in_flight <= 0 and ep.stopped_s is None:
+            ep.stopped_s = now
+
+
+def gpu_hours(fleet: Fleet, now: float) -> float:
+    """GPU-hours of every replica of the run, from its start to its stop (or ``now``)."""
+    return sum(ep.info.tensor_parallel * ep.cost_s(now) for ep in fleet.endpoints) / 3600.0
+
+
+def replica_spend_usd(fleet: Fleet, now: float) -> float:
+    """Dollars of every replica of the run, from its start to its stop (or ``now``)."""
+    return sum(ep.info.price_per_hour_usd * ep.cost_s(now) for ep in fleet.endpoints) / 3600.0
