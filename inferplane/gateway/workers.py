@@ -26,7 +26,6 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Awaitable, Callable
 from multiprocessing.process import BaseProcess
 from multiprocessing.queues import Queue
 from typing import Any
@@ -42,7 +41,6 @@ log = logging.getLogger("inferplane.gateway.workers")
 _READY_TIMEOUT_S = 60.0
 _RESTART_BACKOFF_S = 1.0
 WORKER_HEADER = "X-Inferplane-Worker"
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def reserve_port(host: str, port: int) -> socket.socket:
@@ -73,18 +71,14 @@ def _worker_main(
     configure_logging(log_level)
     worker_id = str(index)
 
-    @web.middleware
-    async def tag(request: web.Request, handler: Handler) -> web.StreamResponse:
-        response = await handler(request)
-        if not response.prepared:
-            response.headers[WORKER_HEADER] = worker_id
-        return response
+    async def tag(request: web.Request, response: web.StreamResponse) -> None:
+        response.headers[WORKER_HEADER] = worker_id  # streams too: set as headers go out
 
     async def main(stop: asyncio.Event) -> None:
         gateway = Gateway(config)
         app = gateway.build_app()
         setup_workflow_routes(app, gateway)
-        app.middlewares.insert(0, tag)
+        app.on_response_prepare.append(tag)
         runner = web.AppRunner(
             app, handler_cancellation=True, access_log=None, shutdown_timeout=drain_timeout_s
         )
@@ -137,6 +131,7 @@ class WorkerSet:
         self._log_level = log_level
         self._ready: Queue[tuple[int, int]] = self._ctx.Queue()
         self.procs: list[BaseProcess | None] = [None] * num_workers
+        self.pids: list[int] = [0] * num_workers  # as each worker reported when it listened
         self.restarts = 0
 
     def _spawn(self, index: int) -> None:
@@ -159,13 +154,18 @@ class WorkerSet:
         for _ in range(count):
             left = deadline - time.monotonic()
             try:
-                self._ready.get(timeout=max(0.1, left))
+                index, pid = self._ready.get(timeout=max(0.1, left))
             except Exception as exc:  # queue.Empty: a worker failed to start
                 self.stop()
                 raise RuntimeError("gateway workers did not start in time") from exc
+            self.pids[index] = pid
 
     def check(self) -> int:
         """Restart workers that died; returns how many were restarted."""
+        with contextlib.suppress(Exception):  # restarted workers that listen since: their pids
+            while True:
+                index, pid = self._ready.get_nowait()
+                self.pids[index] = pid
         n = 0
         for i, proc in enumerate(self.procs):
             if proc is not None and not proc.is_alive():
@@ -218,8 +218,10 @@ def serve_workers(
         print(f"inferplane serve: cannot listen on {host}:{port}: {exc}", file=sys.stderr)
         return 1
     workers.start()
+    pids = " ".join(f"{i}:{pid}" for i, pid in enumerate(workers.pids))
     print(
-        f"inferplane gateway listening on http://{host}:{workers.port} ({num_workers} workers)",
+        f"inferplane gateway listening on http://{host}:{workers.port} "
+        f"({num_workers} workers, pids {pids})",
         file=sys.stderr,
         flush=True,
     )
