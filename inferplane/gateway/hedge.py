@@ -1,8 +1,7 @@
 """Hedged attempts: asking a second endpoint when the first is late with its first token.
 
 A critical call (the classes in ``reliability.hedge``) whose attempt has produced no token by
-the predicted p95 TTFT of the endpoint it went to (the core's ``hedge_after_s``: the
-predictor's uncalibrated TTFT there times ``p95_over_mean``) gets a second attempt on the
+the predicted p95 TTFT of the endpoint it went to gets a second attempt on the
 next ranked endpoint not tried yet whose breaker admits it, when the pool's retry budget has
 a slot for it. The attempts race to their *first token* (a stream's first event carrying
 text; a whole answer's first byte, since an engine sends nothing before it is done): the
@@ -11,6 +10,12 @@ which makes the engine abort the request and free its slot), and the client sees
 answer from the winner. An attempt that fails during the race drops out and the others go
 on; when the last one fails, its failure goes to the proxy, which retries or gives up as
 for any attempt.
+
+The predicted p95 TTFT (the core's ``hedge_after_s``) is the predictor's *uncalibrated* TTFT
+of the call on that endpoint (its queue and prefill as a healthy engine would serve them)
+times the pool's *median* calibration factor (so a fleet that is slower than its profile
+everywhere raises the delay, while one degraded engine, whose own factor absorbs its
+slowness, does not) times ``p95_over_mean``.
 
 The proxy calls ``post`` where it would call ``session.post``; it returns the winner's
 response with the bytes read during the race put back in front (``_Primed``). When a hedge
@@ -163,6 +168,19 @@ class Hedging:
         est = predictor.predict(view, call.ctx.model, call.ctx.num_prompt_tokens, now)
         return est.raw_ttft_s, est.raw_tpot_s
 
+    def _pool_factor(self, call: CallState) -> float:
+        """The median TTFT calibration factor of the endpoints serving the call's model."""
+        predictor, now, model = self._rel.predictor, self._clock(), call.ctx.model
+        if predictor is None:
+            return 1.0
+        tracker = self._tracker
+        factors = sorted(
+            predictor.ttft_factor(name, now)
+            for name in tracker.names()
+            if model in tracker.info(name).models
+        )
+        return factors[len(factors) // 2] if factors else 1.0
+
     def _next_candidate(self, call: CallState, state: _Call) -> Candidate | None:
         for cand in state.candidates:
             if cand.endpoint not in call.tried and self._rel.admits(cand.endpoint):
@@ -211,7 +229,9 @@ class _Race:
         self.first = self.current = first
         self.racers = [first]
         self.headers, self.client_timeout = headers, client_timeout
-        self.delay_s = hedge_after_s(call.ctx.priority, first.predicted[0], hedging.config)
+        raw_ttft = first.predicted[0]
+        self.ttft_s = None if raw_ttft is None else raw_ttft * hedging._pool_factor(call)
+        self.delay_s = hedge_after_s(call.ctx.priority, self.ttft_s, hedging.config)
         self.last_launch_s = first.started_s
         self.hedging_done = self.delay_s is None
 
@@ -243,7 +263,7 @@ class _Race:
         h, call, state = self.h, self.call, self.state
         now = h._clock()
         decision = should_hedge(
-            call.ctx.priority, self.last_launch_s, now, self.first.predicted[0],
+            call.ctx.priority, self.last_launch_s, now, self.ttft_s,
             first_token_seen=False, hedges_sent=state.hedges_sent, config=h.config,
         )  # fmt: skip
         if not decision.hedge:

@@ -107,8 +107,8 @@ class HedgeSection(_Frozen):
     #: The delay when no prediction is available (no predictor).
     default_delay_s: float = Field(default=1.0, ge=0)
     #: The predictor gives a typical TTFT; this factor turns it into a p95 (queueing
-    #: delays are skewed: the 95th percentile of an M/M/c wait is ~3x its mean).
-    p95_over_mean: float = Field(default=2.0, gt=0)
+    #: delays are skewed: the 95th percentile of an exponential wait is 3x its mean).
+    p95_over_mean: float = Field(default=3.0, gt=0)
 
     @model_validator(mode="after")
     def _consistent(self) -> HedgeSection:
