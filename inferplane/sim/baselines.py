@@ -30,10 +30,13 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Protocol
 
+from inferplane.config import FleetConfig
 from inferplane.core import routing
 from inferplane.core.affinity import AffinityTable
 from inferplane.core.predictor import LatencyPredictor
+from inferplane.core.routing_config import RoutingConfig
 from inferplane.core.types import CallContext, EndpointView, RankedEndpoint, RouteDecision
+from inferplane.gateway.priors import prior_for_endpoint
 from inferplane.sim.peer_routers import DynamoKV, LiteLLMLeastBusy, LlmD
 
 POLICY_NAMES: tuple[str, ...] = (
@@ -91,23 +94,53 @@ class Inferplane:
     """The policy core's routing pipeline, with the state the gateway gives it."""
 
     def __init__(
-        self, workflow_ttl_s: float = 300.0, prefix_index: routing.PrefixMatcher | None = None
+        self,
+        workflow_ttl_s: float = 300.0,
+        prefix_index: routing.PrefixMatcher | None = None,
+        *,
+        config: RoutingConfig | None = None,
+        rng: random.Random | None = None,
     ) -> None:
-        self.predictor = LatencyPredictor()
+        self.config = config
+        self.predictor = LatencyPredictor(None if config is None else config.predictor)
         self.prefix_index = prefix_index
-        self._affinity = AffinityTable(ttl_s=workflow_ttl_s)
+        max_entries = 100_000 if config is None else config.max_affinities
+        self._affinity = AffinityTable(ttl_s=workflow_ttl_s, max_entries=max_entries)
+        self._rng = rng  # its own tie-break stream (the gateway's), else the runner's
 
     def route(
         self, call: CallContext, endpoints: Sequence[EndpointView], now: float, rng: random.Random
     ) -> RouteDecision:
         return routing.route(
-            call, endpoints, now, rng, predictor=self.predictor, prefix_index=self.prefix_index,
+            call, endpoints, now, rng if self._rng is None else self._rng,
+            config=self.config, predictor=self.predictor,
+            prefix_index=self.prefix_index if call.prompt_block_keys else None,
             affinity_endpoint=self._affinity.get(call.workflow_id, now),
         )  # fmt: skip
 
     def on_done(self, workflow_id: str | None, endpoint: str, success: bool, now: float) -> None:
         if success and workflow_id is not None:
             self._affinity.record(workflow_id, endpoint, now)
+
+
+def wired_like_gateway(
+    fleet: FleetConfig, prefix_index: routing.PrefixMatcher | None = None
+) -> Inferplane:
+    """The core's router with the state a live gateway builds from the same fleet config.
+
+    As ``inferplane.gateway.router.GatewayRouter`` does: the config's routing section, the
+    latency prior of each emulated endpoint read off its engine profile at its time scale,
+    the affinity table's TTL and size, and the tie-break RNG seeded with ``gateway.seed``.
+    """
+    cfg = fleet.routing
+    policy = Inferplane(
+        cfg.affinity_ttl_s, prefix_index, config=cfg, rng=random.Random(fleet.gateway.seed)
+    )
+    for ep in fleet.endpoints:
+        prior = prior_for_endpoint(ep)
+        if prior is not None:
+            policy.predictor.set_prior(ep.name, prior)
+    return policy
 
 
 class LeastLoaded(_Stateless):
@@ -223,13 +256,19 @@ class CacheAware(_Stateless):
             tree.popitem(last=False)
 
 
-def make_policy(name: str, prefix_index: routing.PrefixMatcher | None = None) -> Policy:
+def make_policy(
+    name: str, prefix_index: routing.PrefixMatcher | None = None, fleet: FleetConfig | None = None
+) -> Policy:
     """A fresh policy object (its memory starts empty) for one simulated run.
 
     ``prefix_index`` is what the core's router and Dynamo's match prompts against (the
-    policies in ``CORE_ROUTED``; the others keep their own memory or none).
+    policies in ``CORE_ROUTED``; the others keep their own memory or none). With ``fleet``
+    the core's router is wired as the gateway wires it for that config
+    (:func:`wired_like_gateway`).
     """
     if name in _CORE:
+        if fleet is not None:
+            return wired_like_gateway(fleet, prefix_index)
         return Inferplane(prefix_index=prefix_index)
     if name == "dynamo-kv":
         return DynamoKV(prefix_index)
