@@ -1,11 +1,17 @@
 """Prefix-aware routing under KV memory pressure: inferplane precise vs approximate vs
-least-loaded vs round-robin, on one seeded multi-tenant shared-prefix workload (issue 4).
+least-loaded vs round-robin, on seeded workloads (issue 4).
 
-The llm-d benchmark shape (REFERENCE §6: many customers, each with a long shared prefix,
-more prefixes than one pod's KV cache holds), scaled to what a 2-core machine can emulate:
-8 emulated engines serving Llama-3-70B on 2 x H100 (about 9K tokens of KV cache each, so an
-engine holds ~4 tenants' prefixes), ``--tenants`` tenants each with a ~2K-token system
-prompt, short questions, Poisson arrivals at ``--rate`` calls/s, streaming.
+Two workloads (``--workload prefix|agentic|both``, see ``routing_workloads.py``):
+
+- ``prefix``: the llm-d benchmark shape (REFERENCE §6: many customers, each with a long
+  shared prefix, more prefixes than one pod's KV cache holds): ``--tenants`` tenants each
+  with a ~2K-token system prompt, short questions, Poisson arrivals at ``--rate`` calls/s;
+- ``agentic``: multi-turn agent sessions starting at ``--session-rate`` per second, each a
+  chain of calls whose context grows (system prompt + task + answers + tool results), tool
+  pauses between calls, and the workflow headers (X-Workflow-Id/-Step/-Steps).
+
+Both are scaled to what a 2-core machine can emulate: 8 emulated engines serving
+Llama-3-70B on 2 x H100 (about 9K tokens of KV cache each), streaming.
 
 Policies (engines restarted with empty caches for each, same seed, same calls):
 
@@ -16,46 +22,65 @@ Policies (engines restarted with empty caches for each, same seed, same calls):
 - ``round-robin``: the client rotates over the engines directly (no gateway).
 
 Reported per policy: TTFT p50/p90/p99 (client-side, first streamed token), completed
-calls/s, errors, and the prefix-cache hit rate the engines themselves count
-(``vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total``). Three processes on
-loopback: the engine fleet, the gateway (``inferplane serve``) and this client.
+calls/s, errors (and their kinds), the prefix-cache hit rate the engines themselves count
+(``vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total``), the oracle hit rate
+(one infinite cache) and the engines' KV usage (max, spread). Three processes on loopback:
+the engine fleet, the gateway (``inferplane serve``) and this client.
 
-    python bench/routing.py [--duration-s 20] [--rate 6] [--tenants 16] [--seed 7]
+    python bench/routing.py [--workload both] [--duration-s 30] [--rate 28] [--seed 7]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
-import random
-import re
 import subprocess
 import sys
 import tempfile
-import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from routing_client import (
+    KV_HIGH,
+    KV_LOW,
+    CallResult,
+    Send,
+    measure,
+    run_agentic,
+    run_prefix,
+)
+from routing_workloads import (
+    AgentShape,
+    SentCall,
+    agent_sessions,
+    agent_system_prompt,
+    oracle_hit_rate,
+    prefix_calls,
+    prefix_messages,
+    tenant_prompt,
+)
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "routing.json"
 MODEL, GPU, TP, ENGINES = "llama-3-70b", "h100", 2, 8
 POLICIES = ("precise", "approximate", "least-loaded", "round-robin")
-_HITS = re.compile(r"^vllm:prefix_cache_(hits|queries)_total(?:\{[^}]*\})? ([0-9.e+]+)$", re.M)
-_KV = re.compile(r"^vllm:kv_cache_usage_perc(?:\{[^}]*\})? ([0-9.e+-]+)$", re.M)
-BLOCK_TOKENS = 16  # the engines' KV block size (profiles.yaml)
-KV_HIGH, KV_LOW = 0.9, 0.3  # issue 4: no replica above 90% while another sits under 30%
+WORKLOADS = ("prefix", "agentic")
 
 
 # ---- role: fleet (child process) -------------------------------------------------------------
 
 
 def run_fleet(kv_events: bool, time_scale: float) -> None:
-    """Start the engines, print their endpoint configs as one JSON line, run until stdin ends."""
+    """Start the engines, print their endpoint configs as one JSON line, then answer each
+    stdin line with the engines' total timer lateness (how far the emulation trails real
+    time); run until stdin ends."""
     import uvloop
 
     from inferplane.engine.fleet import EngineSpec, Fleet
@@ -63,176 +88,83 @@ def run_fleet(kv_events: bool, time_scale: float) -> None:
     async def main() -> None:
         spec = EngineSpec(model=MODEL, gpu=GPU, tensor_parallel=TP, count=ENGINES,
                           time_scale=time_scale, kv_events=kv_events, seed=1)  # fmt: skip
+        loop = asyncio.get_running_loop()
         async with Fleet([spec]) as fleet:
             print(json.dumps([e.endpoint_config() for e in fleet.engines]), flush=True)
-            await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+            while await loop.run_in_executor(None, sys.stdin.readline):
+                lateness = [e.server.driver.total_lateness_s for e in fleet.engines]
+                print(json.dumps({"t": loop.time(), "lateness_s": lateness}), flush=True)
 
     uvloop.run(main())
 
 
-# ---- the workload -----------------------------------------------------------------------------
+class FleetProcess:
+    """The engine fleet in a child process (its own cores' worth of event loop)."""
+
+    def __init__(self, kv_events: bool, time_scale: float) -> None:
+        cmd = [sys.executable, __file__, "--role", "fleet", "--time-scale", str(time_scale)]
+        if kv_events:
+            cmd.append("--kv-events")
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.endpoints: list[dict[str, Any]] = json.loads(self._line())
+
+    def _line(self) -> str:
+        assert self.proc.stdout is not None
+        return self.proc.stdout.readline()
+
+    def lateness(self) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("mark\n")
+        self.proc.stdin.flush()
+        mark: dict[str, Any] = json.loads(self._line())
+        return mark
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        self.proc.wait(20)
 
 
-def tenant_prompt(tenant: int, num_words: int) -> str:
-    """A tenant's long system prompt: its own deterministic words (~1 token each)."""
-    rng = random.Random(f"tenant-{tenant}")
-    words = ["policy", "record", "customer", "clause", "account", "region", "ledger", "audit"]
-    return " ".join(f"{rng.choice(words)}{rng.randrange(1000)}" for _ in range(num_words))
+def lag_summary(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
+    """The share of the run for which the engines' output trailed their model (mean, max)."""
+    elapsed_s = after["t"] - before["t"]
+    fractions = [
+        (b - a) / elapsed_s for a, b in zip(before["lateness_s"], after["lateness_s"], strict=True)
+    ]
+    return {"fleet_lag_mean": sum(fractions) / len(fractions), "fleet_lag_max": max(fractions)}
 
 
-def workload(args: argparse.Namespace) -> list[tuple[float, int, str]]:
-    """(arrival offset s, tenant, question) for every call: Poisson arrivals, tenants uniform."""
-    rng = random.Random(args.seed)
-    calls: list[tuple[float, int, str]] = []
-    t = 0.0
-    while True:
-        t += rng.expovariate(args.rate)
-        if t >= args.duration_s:
-            return calls
-        calls.append((t, rng.randrange(args.tenants), f"question {rng.randrange(10**6)}?"))
+# ---- the workloads ------------------------------------------------------------------------------
 
 
-def _messages(prompt: str, question: str) -> list[dict[str, str]]:
-    return [{"role": "system", "content": prompt}, {"role": "user", "content": question}]
+def agent_shape(args: argparse.Namespace) -> AgentShape:
+    min_steps, max_steps = (int(x) for x in args.agent_steps.split("-"))
+    lo, hi = (int(x) for x in args.tool_words.split("-"))
+    return AgentShape(args.session_rate, args.duration_s, args.agent_kinds,
+                      args.agent_system_words, min_steps, max_steps, (lo, hi),
+                      args.tool_pause_s)  # fmt: skip
 
 
-def oracle_hit_rate(args: argparse.Namespace) -> float:
-    """The hit rate of one infinite shared cache on this workload: the fraction of prompt
-    tokens in full blocks whose chained prefix (every token up to the block's end) was
-    already seen earlier in the run. No router can beat it."""
-    from inferplane.tokenizer import apply_chat_template
+def workload_runner(
+    name: str, args: argparse.Namespace, sent: list[list[SentCall]]
+) -> Callable[[Send], Awaitable[list[CallResult]]]:
+    """The coroutine that plays workload ``name`` through a ``send``; the agentic one
+    records what it sent in ``sent`` (one list per session) for the oracle."""
+    scale = args.time_scale
+    if name == "prefix":
+        prompts = [tenant_prompt(i, args.prefix_words) for i in range(args.tenants)]
+        calls = prefix_calls(args.seed, args.rate, args.duration_s, args.tenants)
+        return lambda send: run_prefix(send, calls, prompts, MODEL, args.max_tokens, scale)
+    agents = agent_sessions(args.seed, agent_shape(args))
+    kinds = [agent_system_prompt(k, args.agent_system_words) for k in range(args.agent_kinds)]
+    max_tokens = args.agent_max_tokens
+    return lambda send: run_agentic(send, agents, kinds, MODEL, max_tokens, sent, scale)
 
+
+def prefix_oracle(args: argparse.Namespace) -> float:
     prompts = [tenant_prompt(i, args.prefix_words) for i in range(args.tenants)]
-    seen: set[int] = set()
-    hit_tokens = total_tokens = 0
-    for _, tenant, question in workload(args):
-        ids = apply_chat_template(_messages(prompts[tenant], question))
-        total_tokens += len(ids)
-        chain = 0
-        for end in range(BLOCK_TOKENS, len(ids) + 1, BLOCK_TOKENS):
-            chain = hash((chain, tuple(ids[end - BLOCK_TOKENS : end])))
-            if chain in seen:
-                hit_tokens += BLOCK_TOKENS
-            seen.add(chain)
-    return hit_tokens / total_tokens if total_tokens else 0.0
-
-
-# ---- one policy ---------------------------------------------------------------------------------
-
-
-async def _scrape_hits(session: aiohttp.ClientSession, urls: list[str]) -> tuple[float, float]:
-    hits = queries = 0.0
-    for url in urls:
-        async with session.get(url + "/metrics") as resp:
-            for kind, value in _HITS.findall(await resp.text()):
-                if kind == "hits":
-                    hits += float(value)
-                else:
-                    queries += float(value)
-    return hits, queries
-
-
-async def _kv_usages(session: aiohttp.ClientSession, urls: list[str]) -> list[float]:
-    async def one(url: str) -> float:
-        async with session.get(url + "/metrics") as resp:
-            match = _KV.search(await resp.text())
-            return float(match.group(1)) if match else 0.0
-
-    return list(await asyncio.gather(*(one(url) for url in urls)))
-
-
-async def sample_kv(
-    session: aiohttp.ClientSession, urls: list[str], period_s: float, out: list[list[float]]
-) -> None:
-    """Append every engine's KV usage to ``out`` every ``period_s`` until cancelled."""
-    while True:
-        with contextlib.suppress(aiohttp.ClientError):
-            out.append(await _kv_usages(session, urls))
-        await asyncio.sleep(period_s)
-
-
-def kv_summary(samples: list[list[float]]) -> dict[str, Any]:
-    """Max usage, max/mean spread (max - min across engines), and the imbalanced samples
-    (some engine above KV_HIGH while another is under KV_LOW)."""
-    spreads = [max(row) - min(row) for row in samples if row]
-    return {
-        "kv_samples": len(spreads),
-        "kv_max_usage": max((max(row) for row in samples if row), default=0.0),
-        "kv_spread_max": max(spreads, default=0.0),
-        "kv_spread_mean": sum(spreads) / len(spreads) if spreads else 0.0,
-        "kv_imbalanced_samples": sum(
-            1 for row in samples if row and max(row) > KV_HIGH and min(row) < KV_LOW
-        ),
-    }
-
-
-def _has_text(payload: bytes) -> bool:
-    """Whether an SSE chunk carries generated text (not just the role or usage)."""
-    choices = json.loads(payload).get("choices") or []
-    return any((c.get("delta") or {}).get("content") for c in choices)
-
-
-async def _call(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> float | None:
-    """Stream one call; its TTFT in seconds, or None when it failed."""
-    start = time.perf_counter()
-    ttft: float | None = None
-    try:
-        async with session.post(url + "/v1/chat/completions", json=body) as resp:
-            if resp.status != 200:
-                await resp.read()
-                return None
-            async for line in resp.content:
-                if ttft is None and line.startswith(b"data: {") and _has_text(line[6:]):
-                    ttft = time.perf_counter() - start
-    except (aiohttp.ClientError, TimeoutError):
-        return None
-    # A reply whose few tokens all decode to no text: its first token came by the end.
-    return time.perf_counter() - start if ttft is None else ttft
-
-
-async def drive(targets: list[str], args: argparse.Namespace) -> dict[str, Any]:
-    prompts = [tenant_prompt(i, args.prefix_words) for i in range(args.tenants)]
-    calls = workload(args)
-    timeout = aiohttp.ClientTimeout(total=120)
-    async with aiohttp.ClientSession(
-        timeout=timeout, connector=aiohttp.TCPConnector(limit=0)
-    ) as session:
-        before = await _scrape_hits(session, args.engine_urls)
-        kv_rows: list[list[float]] = []
-        sampler = asyncio.create_task(sample_kv(session, args.engine_urls, 0.5, kv_rows))
-        start = time.perf_counter()
-        tasks = []
-        for i, (offset, tenant, question) in enumerate(calls):
-            delay = start + offset - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            body = {
-                "model": MODEL, "max_tokens": args.max_tokens, "stream": True,
-                "messages": _messages(prompts[tenant], question),
-            }  # fmt: skip
-            tasks.append(asyncio.create_task(_call(session, targets[i % len(targets)], body)))
-        ttfts = await asyncio.gather(*tasks)
-        wall_s = time.perf_counter() - start
-        sampler.cancel()
-        after = await _scrape_hits(session, args.engine_urls)
-    ok = sorted(t for t in ttfts if t is not None)
-    queries = after[1] - before[1]
-    return {
-        "calls": len(calls),
-        "errors": len(calls) - len(ok),
-        "completed_per_s": len(ok) / wall_s,
-        "ttft_p50_s": _pct(ok, 0.5),
-        "ttft_p90_s": _pct(ok, 0.9),
-        "ttft_p99_s": _pct(ok, 0.99),
-        "prefix_hit_rate": (after[0] - before[0]) / queries if queries else 0.0,
-        **kv_summary(kv_rows),
-    }
-
-
-def _pct(sorted_values: list[float], q: float) -> float | None:
-    if not sorted_values:
-        return None
-    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+    calls = prefix_calls(args.seed, args.rate, args.duration_s, args.tenants)
+    return oracle_hit_rate(SentCall(prefix_messages(prompts[t], q), None) for _, t, q in calls)
 
 
 def _free_port() -> int:
@@ -274,37 +206,72 @@ async def _wait_ready(url: str) -> None:
     raise RuntimeError("the gateway did not become ready")
 
 
-def run_policy(policy: str, args: argparse.Namespace) -> dict[str, Any]:
-    cmd = [sys.executable, __file__, "--role", "fleet", "--time-scale", str(args.time_scale)]
-    if policy == "precise":
-        cmd.append("--kv-events")
-    fleet = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    procs: list[subprocess.Popen[Any]] = []
+def _tail(path: Path, num_lines: int) -> list[str]:
     try:
-        assert fleet.stdout is not None
-        endpoints = json.loads(fleet.stdout.readline())
-        args.engine_urls = [e["url"] for e in endpoints]
-        if policy == "round-robin":
-            targets = args.engine_urls
-        else:
+        return path.read_text(errors="replace").splitlines()[-num_lines:]
+    except OSError:
+        return []
+
+
+_COUNTED = ("rejects", "retries", "fallbacks", "admission_decisions")
+_GATEWAY_COUNTERS = tuple(f"inferplane_{name}_total" for name in _COUNTED)
+
+
+async def _gateway_counters(url: str) -> list[str]:
+    """The gateway's nonzero reject, retry, fallback and admission counters (why calls
+    failed or moved, as the gateway saw it)."""
+    async with aiohttp.ClientSession() as session, session.get(url + "/metrics") as resp:
+        text = await resp.text()
+    return [
+        line
+        for line in text.splitlines()
+        if line.startswith(_GATEWAY_COUNTERS) and not line.endswith((" 0", " 0.0"))
+    ]
+
+
+def run_policy(policy: str, workload: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One policy on one workload with a fresh fleet (and gateway): its measured row."""
+    fleet = FleetProcess(policy == "precise", args.time_scale)
+    gateway: subprocess.Popen[Any] | None = None
+    log_path = Path(tempfile.mkdtemp()) / "gateway.log"
+    try:
+        engine_urls = [e["url"] for e in fleet.endpoints]
+        targets = engine_urls
+        if policy != "round-robin":
             port = _free_port()
-            cfg = _gateway_config(policy, endpoints, port)
+            cfg = _gateway_config(policy, fleet.endpoints, port)
             serve = [sys.executable, "-m", "inferplane.cli", "serve", "-c", cfg, "--port",
                      str(port), "--log-level", "warning"]  # fmt: skip
-            procs.append(subprocess.Popen(serve, stderr=subprocess.DEVNULL))
+            with log_path.open("w") as log:
+                gateway = subprocess.Popen(serve, stderr=log)
             targets = [f"http://127.0.0.1:{port}"]
             asyncio.run(_wait_ready(targets[0]))
-        return asyncio.run(drive(targets, args))
+        sent: list[list[SentCall]] = []
+        load_before = os.getloadavg()[0]
+        mark = fleet.lateness()
+        runner = workload_runner(workload, args, sent)
+        row = asyncio.run(measure(engine_urls, runner, targets, args.time_scale))
+        row.update(lag_summary(mark, fleet.lateness()))
+        row["load_1m"] = [load_before, os.getloadavg()[0]]
+        if workload == "agentic":
+            row["oracle_hit_rate"] = oracle_hit_rate(c for calls in sent for c in calls)
+            row["sessions"] = len(sent)
+            row["sessions_ok"] = sum(
+                1 for calls in sent if calls and all(c.answer is not None for c in calls)
+            )  # a session stops at its first failure, so complete == all answered
+        if gateway is not None:
+            row["gateway_metrics"] = asyncio.run(_gateway_counters(targets[0]))
+            if row["errors"]:
+                row["gateway_log_tail"] = _tail(log_path, 20)
+        return row
     finally:
-        for proc in procs:
-            proc.terminate()
-            proc.wait(10)
-        if fleet.stdin is not None:
-            fleet.stdin.close()
-        fleet.wait(20)
+        if gateway is not None:
+            gateway.terminate()
+            gateway.wait(10)
+        fleet.close()
 
 
-def verdicts(results: dict[str, dict[str, Any]], oracle: float) -> list[str]:
+def verdicts(results: dict[str, dict[str, Any]]) -> list[str]:
     """PASS/MISS lines for issue 4's three targets (precise routing against the others)."""
     lines: list[str] = []
     pr, rr = results.get("precise"), results.get("round-robin")
@@ -318,6 +285,7 @@ def verdicts(results: dict[str, dict[str, Any]], oracle: float) -> list[str]:
             f"{'' if loaded else ' (round-robin P90 under 2 s: load too low)'}"
         )
     if pr:
+        oracle = pr["oracle_hit_rate"]
         ok = pr["prefix_hit_rate"] >= 0.9 * oracle
         lines.append(
             f"{'PASS' if ok else 'MISS'} precise hit rate {pr['prefix_hit_rate']:.1%} vs oracle"
@@ -332,42 +300,97 @@ def verdicts(results: dict[str, dict[str, Any]], oracle: float) -> list[str]:
     return lines
 
 
-def report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
+def _title(workload: str, args: argparse.Namespace) -> str:
+    fleet = (f"{ENGINES} x {MODEL} on {TP}x{GPU} (emulated, time scale {args.time_scale:g}),"
+             f" seed {args.seed}, {os.cpu_count()} CPUs")  # fmt: skip
+    if workload == "prefix":
+        return (f"prefix workload: {args.tenants} tenants x ~{args.prefix_words}-word prefix,"
+                f" {args.rate:g} calls/s for {args.duration_s:g} s; {fleet}")  # fmt: skip
+    return (f"agentic workload: {args.session_rate:g} sessions/s for {args.duration_s:g} s,"
+            f" {args.agent_steps} steps, {args.agent_kinds} agent kinds x"
+            f" ~{args.agent_system_words}-word system prompt, tool results {args.tool_words}"
+            f" words, tool pause ~{args.tool_pause_s:g} s; {fleet}")  # fmt: skip
+
+
+def table(workload: str, results: dict[str, dict[str, Any]], args: argparse.Namespace) -> list[str]:
     def ms(v: float | None) -> str:
         return "-" if v is None else f"{1e3 * v:.0f}"
 
-    oracle = oracle_hit_rate(args)
     lines = [
-        f"prefix-aware routing: {ENGINES} x {MODEL} on {TP}x{GPU} (emulated, time scale "
-        f"{args.time_scale:g}), {args.tenants} tenants x ~{args.prefix_words}-word prefix, "
-        f"{args.rate:g} calls/s for {args.duration_s:g} s, seed {args.seed}, {os.cpu_count()} CPUs",
+        _title(workload, args),
         f"{'policy':<14}{'TTFT p50 ms':>12}{'p90 ms':>9}{'p99 ms':>9}{'done/s':>8}"
-        f"{'errors':>7}{'hit':>7}{'oracle':>7}{'KV max':>7}{'spread':>7}{'imbal':>9}",
+        f"{'errors':>7}{'hit':>7}{'oracle':>7}{'KV max':>7}{'spread':>7}{'imbal':>9}{'lag':>6}",
     ]
     for policy, r in results.items():
         lines.append(
             f"{policy:<14}{ms(r['ttft_p50_s']):>12}{ms(r['ttft_p90_s']):>9}"
             f"{ms(r['ttft_p99_s']):>9}{r['completed_per_s']:>8.2f}{r['errors']:>7}"
-            f"{r['prefix_hit_rate']:>7.1%}{oracle:>7.1%}{r['kv_max_usage']:>7.0%}"
+            f"{r['prefix_hit_rate']:>7.1%}{r['oracle_hit_rate']:>7.1%}{r['kv_max_usage']:>7.0%}"
             f"{r['kv_spread_max']:>7.0%}{r['kv_imbalanced_samples']:>4}/{r['kv_samples']:<4}"
+            f"{r['fleet_lag_mean']:>6.0%}"
         )
-    lines += verdicts(results, oracle)
+    for policy, r in results.items():
+        lines.append(
+            f"  {policy}: calls per engine {r['engine_requests']}, preemptions"
+            f" {r['preemptions']}, uncached prefill tokens per engine max/mean"
+            f" {_max_over_mean(r['engine_uncached_tokens']):.2f}"
+        )
+        if r["error_kinds"]:
+            lines.append(f"  {policy} errors: {r['error_kinds']}")
+        if "sessions" in r:
+            lines.append(f"  {policy}: {r['sessions_ok']}/{r['sessions']} sessions completed")
+    return lines + verdicts(results)
+
+
+def _max_over_mean(values: list[int]) -> float:
+    mean = sum(values) / len(values) if values else 0.0
+    return max(values) / mean if mean else 0.0
+
+
+def main() -> None:
+    args = parse_args()
+    if args.role == "fleet":
+        run_fleet(args.kv_events, args.time_scale)
+        return
+    if args.scan_rates:
+        scan_rate(args)
+    workloads = WORKLOADS if args.workload == "both" else (args.workload,)
+    payload: dict[str, Any] = {"args": vars(args), "uptime": _uptime(), "workloads": {}}
+    lines: list[str] = []
+    for workload in workloads:
+        oracle = prefix_oracle(args) if workload == "prefix" else None
+        results = {}
+        for policy in args.policies.split(","):
+            results[policy] = run_policy(policy, workload, args)
+            if oracle is not None:
+                results[policy]["oracle_hit_rate"] = oracle
+            print(f"{workload}: {policy} done", file=sys.stderr, flush=True)
+        rows = table(workload, results, args)
+        payload["workloads"][workload] = {"results": results, "table": rows}
+        lines += [*rows, ""]
+    lines.append(f"uptime before: {payload['uptime']}; after: {_uptime()}")
+    payload["uptime_after"] = _uptime()
     print("\n".join(lines))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    payload = {"args": {k: v for k, v in vars(args).items() if k != "engine_urls"},
-               "oracle_hit_rate": oracle, "results": results, "table": lines}  # fmt: skip
     out.write_text(json.dumps(payload, indent=2))
 
 
+def _uptime() -> str:
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return f"load average {os.getloadavg()}"
+
+
 def scan_rate(args: argparse.Namespace) -> None:
-    """Short round-robin runs at rising rates; keep the first whose P90 TTFT passes 2 s."""
+    """Short round-robin prefix runs at rising rates; keep the first whose P90 TTFT passes 2 s."""
     duration_s = args.duration_s
     args.duration_s = args.scan_duration_s
     try:
         for rate in (float(r) for r in args.scan_rates.split(",")):
             args.rate = rate
-            p90 = run_policy("round-robin", args)["ttft_p90_s"]
+            p90 = run_policy("round-robin", "prefix", args)["ttft_p90_s"]
             print(f"scan: round-robin at {rate:g}/s: P90 {p90}", file=sys.stderr, flush=True)
             if p90 is not None and p90 > 2.0:
                 return
@@ -375,32 +398,36 @@ def scan_rate(args: argparse.Namespace) -> None:
         args.duration_s = duration_s
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--role", choices=["orchestrate", "fleet"], default="orchestrate")
     p.add_argument("--kv-events", action="store_true")
-    p.add_argument("--time-scale", type=float, default=1.0)
+    p.add_argument(
+        "--time-scale", type=float, default=1.0,
+        help="engines emulated this many times slower (a loaded machine lags less); the"
+        " workload's timeline stretches to match, results are in model time",
+    )  # fmt: skip
+    p.add_argument("--workload", choices=[*WORKLOADS, "both"], default="prefix")
     p.add_argument("--duration-s", type=float, default=20.0)
-    p.add_argument("--rate", type=float, default=6.0)
-    p.add_argument("--tenants", type=int, default=16)
-    p.add_argument("--prefix-words", type=int, default=1000)
-    p.add_argument("--max-tokens", type=int, default=8)
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--policies", default=",".join(POLICIES))
     p.add_argument("--out", default=str(RESULTS))
-    p.add_argument("--scan-rates", default="", help="e.g. 10,14,18: pick --rate first")
-    p.add_argument("--scan-duration-s", type=float, default=10.0)
-    args = p.parse_args()
-    if args.role == "fleet":
-        run_fleet(args.kv_events, args.time_scale)
-        return
-    if args.scan_rates:
-        scan_rate(args)
-    results = {}
-    for policy in args.policies.split(","):
-        results[policy] = run_policy(policy, args)
-        print(f"{policy} done", file=sys.stderr, flush=True)
-    report(results, args)
+    prefix = p.add_argument_group("prefix workload")
+    prefix.add_argument("--rate", type=float, default=6.0, help="calls/s")
+    prefix.add_argument("--tenants", type=int, default=16)
+    prefix.add_argument("--prefix-words", type=int, default=1000)
+    prefix.add_argument("--max-tokens", type=int, default=8)
+    prefix.add_argument("--scan-rates", default="", help="e.g. 10,14,18: pick --rate first")
+    prefix.add_argument("--scan-duration-s", type=float, default=10.0)
+    agentic = p.add_argument_group("agentic workload")
+    agentic.add_argument("--session-rate", type=float, default=2.0, help="sessions/s")
+    agentic.add_argument("--agent-steps", default="4-10", help="calls per session, lo-hi")
+    agentic.add_argument("--agent-kinds", type=int, default=4)
+    agentic.add_argument("--agent-system-words", type=int, default=500)
+    agentic.add_argument("--tool-words", default="40-200", help="tool result words, lo-hi")
+    agentic.add_argument("--tool-pause-s", type=float, default=1.0, help="mean tool pause")
+    agentic.add_argument("--agent-max-tokens", type=int, default=24)
+    return p.parse_args()
 
 
 if __name__ == "__main__":
