@@ -24,6 +24,12 @@ which is why nothing collapsed). A smaller batch keeps the knee and lets the rat
 * off: plain retries on the next endpoint before the first byte, no ejection, no budget,
   no resumption, no hedging.
 
+Admission control is ``fcfs`` in every run (``--admission`` to change it): its thresholds
+are absolute (a standard call waits while the predicted wait exceeds 1 s; standard keeps
+80% of an engine's slots free, measured for 256-slot engines), so on engines slowed 20x
+for the emulation and cut to 16 slots it would read a healthy fleet as full; it has its
+own benchmark (``bench/overload.py``). This one isolates the reliability layer.
+
 Reported per window: goodput (calls completed per second), p99 client-observed TTFT,
 retries (client + gateway) as a share of calls, and the queue depth (waiting requests) of
 each engine; at the end: calls and critical calls completed, streams cut by the crash,
@@ -35,7 +41,7 @@ counters, converted to GPU-seconds with the engine profile (decode priced at the
 observed). Then one PASS/MISS line per issue-6 target for each run with reliability on.
 Results go to bench/results/cascade.json.
 
-    .venv/bin/python bench/cascade.py [--duration-s 90] [--load 0.7] [--time-scale 10]
+    .venv/bin/python bench/cascade.py [--duration-s 90] [--load 0.7] [--modes on,off]
 """
 
 from __future__ import annotations
@@ -44,13 +50,17 @@ import argparse
 import asyncio
 import json
 import random
-import statistics
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import orjson
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from cascade_report import summary, table, targets
 
 from inferplane.config import parse_config
 from inferplane.engine import profiles as engine_profiles
@@ -60,7 +70,6 @@ from inferplane.engine.perf import PerfModel
 from inferplane.engine.profiles import load_profile
 from inferplane.gateway import priors as gateway_priors
 from inferplane.gateway.app import Gateway, start_server
-from inferplane.gateway.priors import prior_from_profile
 
 MODEL = "llama-3-8b"
 GPU = "h100"
@@ -252,6 +261,7 @@ async def run(mode: str, args: argparse.Namespace, op: dict[str, float]) -> dict
                         "retries_before_first_byte": 2,
                         "timeouts": {"inter_token_s": args.stall_s}},
             "reliability": _reliability(mode),
+            "admission": {"mode": args.admission},
             "endpoints": [e.endpoint_config() for e in fleet.engines],
         })  # fmt: skip
         gw = Gateway(cfg)
@@ -290,161 +300,7 @@ async def run(mode: str, args: argparse.Namespace, op: dict[str, float]) -> dict
         assert gw.proxy is not None
         counts = dict(gw.proxy.reliability.counts)
         await runner.cleanup()
-    return _summary(mode, result, counts, t0, args, [e.name for e in fleet.engines])
-
-
-def _windows(run_: Run, t0: float, args: argparse.Namespace) -> list[dict[str, Any]]:
-    recs, width, out = run_.records, args.window_s, []
-    for start in range(0, int(args.duration_s), int(width)):
-        lo, hi = t0 + start, t0 + start + width
-        arrived = [r for r in recs if lo <= r.start_s < hi]
-        done = [r for r in recs if r.ok and lo <= r.end_s < hi]
-        retries = sum(r.client_retries for r in arrived)
-        load = [d for t, d in run_.load_samples if start <= t < start + width]
-        out.append({
-            "t_s": start, "goodput_per_s": round(len(done) / width, 2),
-            "p99_ttft_ms": _pct([r.ttft_s for r in arrived if r.ok], 0.99),
-            "client_retries_share": round(retries / max(1, len(arrived)), 3),
-            "max_queue_per_engine": [max(w for w, _, _ in col) for col in zip(*load, strict=True)]
-            if load else [],
-        })  # fmt: skip
-    return out
-
-
-def _waste(run_: Run, recs: list[Record], args: argparse.Namespace) -> dict[str, Any]:
-    """Tokens the engines worked on beyond what the completed calls needed, in GPU-s."""
-    generated = sum(c[0] for c in run_.counters.values())
-    prefilled = sum(c[1] for c in run_.counters.values())
-    completed = [r for r in recs if r.ok]
-    needed_out = len(completed) * args.max_tokens
-    prompt_tokens = prefilled / max(1, len(recs) + sum(r.client_retries for r in recs))
-    wasted_out = max(0.0, generated - needed_out)
-    wasted_in = max(0.0, prefilled - len(completed) * prompt_tokens)
-    prior = prior_from_profile(load_profile(MODEL, GPU))  # real GPU time (time scale 1)
-    running = [n for _, d in run_.load_samples for (_, n, _) in d if n > 0]
-    batch = statistics.mean(running) if running else 1.0
-    per_token_s = (prior.decode_base_s + prior.decode_per_seq_s * batch) / batch
-    gpu_s = wasted_out * per_token_s + wasted_in / prior.prefill_tokens_per_s
-    return {
-        "engine_generated_tokens": round(generated), "needed_tokens": needed_out,
-        "wasted_decode_tokens": round(wasted_out), "wasted_prefill_tokens": round(wasted_in),
-        "mean_batch": round(batch, 2), "wasted_gpu_s": round(gpu_s, 3),
-    }  # fmt: skip
-
-
-def _saturated(run_: Run, names: list[str], skip: set[int]) -> list[str]:
-    """Healthy engines that went past llm-d's saturation (waiting/5 or KV use/0.8 >= 1)."""
-    out = []
-    for i, name in enumerate(names):
-        if i in skip:
-            continue
-        if any(max(d[i][0] / 5, d[i][2] / 0.8) >= 1.0 for _, d in run_.load_samples):
-            out.append(name)
-    return out
-
-
-def _summary(
-    mode: str, run_: Run, counts: dict[str, int], t0: float, args: argparse.Namespace,
-    names: list[str],
-) -> dict[str, Any]:  # fmt: skip
-    recs = run_.records
-    crit = [r for r in recs if r.critical]
-    gateway_retries = counts.get("retry_replay", 0) + counts.get("retry_resume", 0)
-    hedges = counts.get("hedges", 0)
-    client_retries = sum(r.client_retries for r in recs)
-    interrupted = [r for r in recs if r.interrupted]
-    return {
-        "mode": mode,
-        "calls": len(recs),
-        "completed": sum(r.ok for r in recs),
-        "critical_success": round(sum(r.ok for r in crit) / max(1, len(crit)), 4),
-        "critical_first_try": round(
-            sum(r.ok and r.client_retries == 0 for r in crit) / max(1, len(crit)), 4
-        ),
-        "retries_share": round((client_retries + gateway_retries + hedges) / max(1, len(recs)), 4),
-        "client_retries": client_retries,
-        "client_timeouts": sum(r.client_timeouts for r in recs),
-        "gateway_retries": gateway_retries,
-        "hedges": hedges,
-        "hedge_wins": counts.get("hedge_wins", 0),
-        "streams_cut_by_crash": run_.cut_by_crash,
-        "gateway_resumed_streams": counts.get("resumptions", 0),
-        "client_interrupted_calls": len(interrupted),
-        "interrupted_completed": sum(r.ok for r in interrupted),
-        "completed_with_token_errors": sum(r.ok and not r.tokens_ok for r in recs),
-        "tokens_lost": sum(r.lost_tokens for r in recs if r.ok),
-        "tokens_duplicated": sum(r.duplicated_tokens for r in recs if r.ok),
-        "wasted_client_tokens": sum(r.wasted_tokens for r in recs),
-        "ejections": _ejections(counts),
-        "healthy_engines_saturated": _saturated(run_, names, skip={0, 1}),
-        "p50_ttft_ms": _pct([r.ttft_s for r in recs if r.ok], 0.5),
-        "p99_ttft_ms": _pct([r.ttft_s for r in recs if r.ok], 0.99),
-        **_waste(run_, recs, args),
-        "windows": _windows(run_, t0, args),
-        "gateway_counts": counts,
-    }
-
-
-def _ejections(counts: dict[str, int]) -> int:
-    opened = ("consecutive_failures", "failure_rate", "latency_outlier", "probe_failed")
-    return sum(counts.get(f"breaker_{trigger}", 0) for trigger in opened)
-
-
-def _pct(values: list[float | None], q: float) -> int | None:
-    vals = sorted(v for v in values if v is not None)
-    if not vals:
-        return None
-    return round(vals[min(len(vals) - 1, int(q * len(vals)))] * 1000)
-
-
-_KEYS = [
-    "calls", "completed", "critical_success", "critical_first_try", "retries_share",
-    "client_retries", "client_timeouts", "gateway_retries", "hedges", "hedge_wins",
-    "streams_cut_by_crash", "gateway_resumed_streams", "client_interrupted_calls",
-    "interrupted_completed", "completed_with_token_errors", "tokens_lost", "tokens_duplicated",
-    "wasted_client_tokens", "engine_generated_tokens", "wasted_decode_tokens",
-    "wasted_prefill_tokens", "wasted_gpu_s", "ejections", "healthy_engines_saturated",
-    "p50_ttft_ms", "p99_ttft_ms",
-]  # fmt: skip
-
-
-def _table(results: list[dict[str, Any]]) -> str:
-    lines = [f"{'metric':28s}" + "".join(f"{r['mode']:>14s}" for r in results)]
-    for key in _KEYS:
-        cells = [len(r[key]) if isinstance(r[key], list) else r[key] for r in results]
-        lines.append(f"{key:28s}" + "".join(f"{c!s:>14s}" for c in cells))
-    for r in results:
-        lines += ["", f"[{r['mode']}] window  goodput/s  p99 TTFT ms  retries  max queue e0..e7"]
-        for w in r["windows"]:
-            queue = " ".join(f"{q:>2}" for q in w["max_queue_per_engine"])
-            lines.append(
-                f"      t={w['t_s']:>3}s {w['goodput_per_s']:>9} {w['p99_ttft_ms']!s:>12}"
-                f" {w['client_retries_share']:>8}  {queue}"
-            )
-    return "\n".join(lines)
-
-
-def targets(r: dict[str, Any]) -> list[str]:
-    """One PASS/MISS line per issue-6 target for run ``r``."""
-    healthy_sat = r["healthy_engines_saturated"]
-    streams_ok = (
-        r["client_interrupted_calls"] == r["interrupted_completed"]
-        and r["tokens_lost"] == 0 and r["tokens_duplicated"] == 0
-        and r["completed_with_token_errors"] == 0
-    )  # fmt: skip
-    rows = [
-        (r["critical_success"] >= 0.99,
-         f"critical task success {r['critical_success']:.2%} >= 99%"),
-        (r["retries_share"] <= 0.10,
-         f"retries (client + gateway + hedges) {r['retries_share']:.1%} of calls <= 10%"),
-        (not healthy_sat, f"healthy engines past saturation: {healthy_sat or 'none'}"),
-        (streams_ok,
-         f"interrupted streams completed: {r['streams_cut_by_crash']} cut by the crash, "
-         f"{r['gateway_resumed_streams']} resumed by the gateway, clients saw "
-         f"{r['client_interrupted_calls']} break(s), {r['interrupted_completed']} of them "
-         f"completed; tokens lost {r['tokens_lost']}, duplicated {r['tokens_duplicated']}"),
-    ]  # fmt: skip
-    return [f"[{r['mode']}] {'PASS' if ok else 'MISS'}  {text}" for ok, text in rows]
+    return summary(mode, result, counts, t0, args, [e.name for e in fleet.engines])
 
 
 def main() -> None:
@@ -454,7 +310,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=0.0, help="calls/s (0: from --load)")
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--max-num-seqs", type=int, default=16)
-    parser.add_argument("--time-scale", type=float, default=10.0)
+    parser.add_argument("--time-scale", type=float, default=20.0)
     parser.add_argument("--timeout-x", type=float, default=4.0)
     parser.add_argument("--client-timeout-s", type=float, default=0.0, help="0: --timeout-x")
     parser.add_argument("--stall-s", type=float, default=2.0)
@@ -463,11 +319,12 @@ def main() -> None:
     parser.add_argument("--window-s", type=float, default=10.0)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--modes", default="on,off")
+    parser.add_argument("--admission", default="fcfs", help="admission mode (both runs)")
     args = parser.parse_args()
     op = operating_point(args)
     print("operating point:", op)
     results = [asyncio.run(run(mode, args, op)) for mode in args.modes.split(",")]
-    print(_table(results))
+    print(table(results))
     lines = [line for r in results if r["mode"] != "off" for line in targets(r)]
     print("\n" + "\n".join(lines))
     RESULTS.parent.mkdir(parents=True, exist_ok=True)

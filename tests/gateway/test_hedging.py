@@ -188,3 +188,55 @@ async def test_hedging_off_in_the_config_never_hedges() -> None:
         assert not call.done() and gw.proxy.reliability.counts["hedges"] == 0
         await _arm(session, hung, {"clear": True})
         assert (await call)[0] == 200
+
+
+async def _wait_for(predicate: Any, timeout_s: float = 3.0) -> None:
+    for _ in range(int(timeout_s / 0.01)):
+        if predicate():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("condition not reached in time")
+
+
+async def _race_on_hung_engines(
+    fleet: Fleet, gw: Gateway, session: aiohttp.ClientSession, url: str
+) -> tuple[asyncio.Task[tuple[int, str, bytes]], EngineHandle, EngineHandle]:
+    """A critical call raced on two hung engines: (the call, first engine, hedge engine)."""
+    for engine in fleet.engines:
+        await _arm(session, engine, {"hang": True})
+    call = asyncio.create_task(_call(session, url, _body(True), CRITICAL))
+    holding = lambda: [e for e in fleet.engines if e.server.driver.num_in_flight]  # noqa: E731
+    await _wait_for(lambda: len(holding()) == 1)
+    first = holding()[0]
+    await _wait_for(lambda: len(holding()) == 2)
+    assert gw.proxy.reliability.counts["hedges"] == 1
+    return call, first, next(e for e in fleet.engines if e is not first)
+
+
+async def test_a_first_attempt_that_fails_during_the_race_leaves_the_hedge_to_answer() -> None:
+    async with _setup() as (fleet, gw, url, session):
+        call, first, hedge = await _race_on_hung_engines(fleet, gw, session, url)
+        await _arm(session, first, {"restart": True})  # its stream is cut: it drops out
+        counts = gw.proxy.reliability.counts
+        await _wait_for(lambda: counts["hedge_race_failures"] == 1)
+        assert not call.done()
+        await _arm(session, hedge, {"clear": True})
+        status, name, raw = await call
+        assert status == 200 and name == hedge.name
+        text, usages, errors, done = _stream_text(raw)
+        assert text and (usages, errors, done) == (1, 0, 1)
+        assert counts["hedge_cancelled"] == 0
+        assert gw.tracker.in_flight(first.name) == 0 and gw.tracker.in_flight(hedge.name) == 0
+
+
+async def test_a_client_that_leaves_during_the_race_cancels_every_attempt() -> None:
+    async with _setup() as (fleet, gw, url, session):
+        call, first, hedge = await _race_on_hung_engines(fleet, gw, session, url)
+        before = _aborts(first) + _aborts(hedge)
+        call.cancel()
+        await _wait_for(lambda: _aborts(first) + _aborts(hedge) == before + 2)
+        assert first.server.driver.num_in_flight == 0 == hedge.server.driver.num_in_flight
+        await _wait_for(lambda: gw.tracker.in_flight(first.name) == 0)
+        assert gw.tracker.in_flight(hedge.name) == 0
+        assert gw.proxy.reliability.counts["hedge_cancelled"] == 1  # the hedge; the first
+        # attempt is the proxy's own, cancelled with the handler
