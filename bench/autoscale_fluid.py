@@ -20,13 +20,14 @@ same performance model as the simulator); a call's wait is the backlog ahead of 
 drain rate. A call meets its SLO when its wait is within ``--slo-wait-s``; a task (``--calls``
 calls, close together in time) succeeds when the work of its moment does. Replicas take their
 profile's cold-start time before they serve and cost money from start to stop; a drained
-replica stops when the backlog it holds is served. The discrete-event simulator is to drive
-the same loop through the same sensor.
+replica stops when the backlog it holds is served. A quick check of the loop's arithmetic;
+the discrete-event simulator drives the same loop through the same sensor in
+``bench/autoscale.py``.
 
 Reports SLO attainment, GPU-hours and cost per successful task per policy; targets: attainment
 within 1 point of ``peak`` at <= 0.6x its GPU-hours, better attainment than ``queue-hpa`` at
-equal or lower cost. Writes bench/results/autoscale.json and .md.
-Run: ``python bench/autoscale.py [--day-s 3600]``.
+equal or lower cost. Writes bench/results/autoscale-fluid.json and .md.
+Run: ``python bench/autoscale_fluid.py [--day-s 3600]``.
 """
 
 from __future__ import annotations
@@ -231,11 +232,12 @@ def main() -> None:
     table = "\n".join(lines)
     print(table)
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "autoscale.json").write_text(
+    (RESULTS / "autoscale-fluid.json").write_text(
         json.dumps({"args": vars(args), "results": [asdict(r) for r in results]}, indent=2)
     )
-    (RESULTS / "autoscale.md").write_text(
-        f"# Autoscaling (fluid model)\n\n`python bench/autoscale.py` with {vars(args)}\n\n{table}\n"
+    (RESULTS / "autoscale-fluid.md").write_text(
+        f"# Autoscaling (fluid model)\n\n`python bench/autoscale_fluid.py` with {vars(args)}"
+        f"\n\n{table}\n"
     )
 
 

@@ -34,11 +34,16 @@ import json
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from inferplane.config import parse_config
+from inferplane.engine.types import TokensGenerated
+from inferplane.sim.baselines import Inferplane
+from inferplane.sim.calibration import PredictorFeed
 from inferplane.sim.records import CallRecord, Outcome, RunResult
 from inferplane.sim.runner import Simulation
 from inferplane.sim.scenario import Scenario, Slo, parse_scenario
@@ -64,28 +69,43 @@ def fleet() -> Any:
     return parse_config({"gateway": {"auth": {"mode": "anonymous"}}, "endpoints": endpoints})
 
 
-def agents(name: str, priority: str, users: int) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Mix:
+    """The knobs of the workload mix that the live run changes (model-time seconds)."""
+
+    calls_per_task: tuple[int, int] = (10, 20)
+    agent_output_median: int = 100
+    tool_pause_s: float = 1.0
+    timeout_s: float = 120.0
+    drain_s: float = 120.0
+
+
+def agents(name: str, priority: str, users: int, mix: Mix) -> dict[str, Any]:
     """Agentic tasks of 10-20 calls (about a minute each), so a run sees many finish."""
     return {
         "name": name, "kind": "agentic", "priority": priority, "users": users,
-        "tasks_per_user_per_hour": 6, "calls_per_task": [10, 20], "system_prompt_tokens": 1000,
+        "tasks_per_user_per_hour": 6, "calls_per_task": list(mix.calls_per_task),
+        "system_prompt_tokens": 1000,
         "first_input_tokens": {"median": 600, "p99": 2500},
         "tool_result_tokens": {"median": 200, "p99": 1000},
-        "output_tokens": {"median": 100, "p99": 400}, "tool_pause_s": 1.0,
+        "output_tokens": {"median": mix.agent_output_median, "p99": 4 * mix.agent_output_median},
+        "tool_pause_s": mix.tool_pause_s,
         "max_context_tokens": 8000, "slo": {"ttft_s": 5.0, "e2e_s": 60.0},
     }  # fmt: skip
 
 
-def scenario(users_x: float, duration_s: float, seed: int) -> Scenario:
+def scenario(users_x: float, duration_s: float, seed: int, mix: Mix | None = None) -> Scenario:
     """The mix per unit of ``users_x``: ~0.1 critical chat calls/s (5%), 0.7 standard chat,
-    ~0.5 standard agent calls and ~0.7 sheddable agent calls in steady state."""
+    ~0.5 standard agent calls and ~0.7 sheddable agent calls in steady state (10-20 calls
+    per task; longer tasks at the same task rate scale the agent calls)."""
+    mix = mix or Mix()
     chat_prompt = {"median": 1020, "p99": 4142, "max_tokens": 6000}
     return parse_scenario(
         {
             "name": f"overload-{users_x:g}", "fleet": "(in memory)", "duration_s": duration_s,
-            "drain_s": 120, "seed": seed, "policies": list(POLICIES),
+            "drain_s": mix.drain_s, "seed": seed, "policies": list(POLICIES),
             "demand": {"users_x": users_x},
-            "clients": {"timeout_s": 120, "max_retries": 3, "backoff_s": 1.0},
+            "clients": {"timeout_s": mix.timeout_s, "max_retries": 3, "backoff_s": 1.0},
             "workload": [
                 {"name": "chat-critical", "kind": "chat", "priority": "critical",
                  "rate_rps": 0.1, "prompt_tokens": chat_prompt,
@@ -93,14 +113,14 @@ def scenario(users_x: float, duration_s: float, seed: int) -> Scenario:
                 {"name": "chat-standard", "kind": "chat", "priority": "standard",
                  "rate_rps": 0.7, "prompt_tokens": chat_prompt,
                  "slo": {"ttft_s": 2.0, "e2e_s": 30.0}},
-                agents("agents-standard", "standard", 20),
-                agents("agents-sheddable", "sheddable", 28),
+                agents("agents-standard", "standard", 20, mix),
+                agents("agents-sheddable", "sheddable", 28, mix),
             ],
         }
     )  # fmt: skip
 
 
-def _tasks(records: list[CallRecord], slo: Slo) -> tuple[int, int]:
+def _tasks(records: Sequence[CallRecord], slo: Slo) -> tuple[int, int]:
     """(tasks that ended, tasks whose every call met the SLO and that ran all their steps)."""
     by_task: dict[int, list[CallRecord]] = defaultdict(list)
     for r in records:
@@ -119,11 +139,22 @@ def _tasks(records: list[CallRecord], slo: Slo) -> tuple[int, int]:
 
 
 def summarise(result: RunResult, sc: Scenario, wall_s: float) -> dict[str, Any]:
-    window_s, gpu_h = sc.duration_s, NUM_ENGINES * (sc.duration_s + sc.drain_s) / 3600
+    gpu_h = NUM_ENGINES * (sc.duration_s + sc.drain_s) / 3600
+    spend = result.accounting.fleet_spend_usd + result.extra_spend_usd
+    out = summarise_records(result.records, sc, gpu_h, spend)
+    out.update({"rejections": dict(result.rejections), "wall_s": wall_s})
+    return out
+
+
+def summarise_records(
+    records: Sequence[CallRecord], sc: Scenario, gpu_h: float, spend_usd: float
+) -> dict[str, Any]:
+    """Per class and per run figures of one policy's calls (shared with the live bench)."""
+    window_s = sc.duration_s
     classes: dict[str, Any] = {}
     good_total = 0
     for src in sc.workload:
-        recs = [r for r in result.records if r.source == src.name]
+        recs = [r for r in records if r.source == src.name]
         ended = [r for r in recs if r.outcome is not Outcome.UNFINISHED]
         met = sum(meets_slo(r, src.slo) for r in ended)
         tasks_ended, tasks_good = _tasks(recs, src.slo)
@@ -139,19 +170,59 @@ def summarise(result: RunResult, sc: Scenario, wall_s: float) -> dict[str, Any]:
             "good_tasks_per_gpu_hour": tasks_good / gpu_h,
             "queue_s_p99": percentile(waits, 99),
         }  # fmt: skip
-    spend = result.accounting.fleet_spend_usd + result.extra_spend_usd
     return {
-        "classes": classes, "spend_usd": spend, "good_tasks": good_total,
-        "good_tasks_per_gpu_hour": good_total / gpu_h,
-        "cost_per_good_task_usd": spend / good_total if good_total else None,
-        "rejections": dict(result.rejections), "wall_s": wall_s,
+        "classes": classes, "spend_usd": spend_usd, "good_tasks": good_total,
+        "gpu_hours": gpu_h, "good_tasks_per_gpu_hour": good_total / gpu_h,
+        "cost_per_good_task_usd": spend_usd / good_total if good_total else None,
     }  # fmt: skip
+
+
+class CalibratedSimulation(Simulation):
+    """The simulator with its router's predictor fed as the gateway feeds its own
+    (:class:`inferplane.sim.calibration.PredictorFeed`: profile priors, then each call's
+    observed TTFT and TPOT). Hooks the runner's dispatch, token and finish handlers until
+    the runner calls the feed itself."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.feed: PredictorFeed | None = None
+        if isinstance(self.policy, Inferplane):
+            block = self.fleet.endpoints[0].engine.profile.block_size
+            self.feed = PredictorFeed(self.policy.predictor, self.policy.prefix_index, block)
+            self.feed.set_priors([ep.info for ep in self.fleet.endpoints], {})
+
+    def _dispatch(self, call: Any, now: float, views: Any) -> None:
+        super()._dispatch(call, now, views)
+        if self.feed is not None and call.engine_id in self._by_engine_id:
+            view = next(v for v in self.fleet.views(now) if v.name == call.endpoint.name)
+            self.feed.dispatched(call.engine_id, call.ctx, view, now)
+
+    def _handle(self, ep: Any, events: list[Any]) -> None:
+        super()._handle(ep, events)
+        if self.feed is None:
+            return
+        for ev in events:
+            if type(ev) is TokensGenerated:
+                call = self._by_engine_id.get(ev.request_id)
+                if call is not None and call.first_token_s == ev.time_s:
+                    self.feed.first_token(ev.request_id, ev.time_s)
+
+    def _on_finished(self, ep: Any, ev: Any) -> None:
+        if self.feed is not None:
+            self.feed.finished(ev.request_id, ev.time_s, ev.num_completion_tokens)
+        super()._on_finished(ep, ev)
+
+    def _on_timeout(self, payload: Any) -> None:
+        super()._on_timeout(payload)
+        call = payload[0]
+        if self.feed is not None and call.engine_id not in self._by_engine_id:
+            self.feed.finished(call.engine_id, self.q.now_s, 0)
 
 
 def run(users_x: float, policy: str, duration_s: float, seed: int) -> dict[str, Any]:
     sc = scenario(users_x, duration_s, seed)
     start = time.perf_counter()
-    result = Simulation(sc, fleet(), Path("."), policy).run()
+    result = CalibratedSimulation(sc, fleet(), Path("."), policy).run()
     return summarise(result, sc, time.perf_counter() - start)
 
 
@@ -159,9 +230,9 @@ def _fmt(x: float | None, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
 
-def print_tables(doc: dict[str, Any]) -> None:
+def print_tables(doc: dict[str, Any], wait_label: str = "queue p99 s") -> None:
     head = ("load", "policy", "class", "calls", "SLO att.", "goodput calls/s",
-            "good tasks/s", "good tasks/GPU-h", "queue p99 s", "rejected")  # fmt: skip
+            "good tasks/s", "good tasks/GPU-h", wait_label, "rejected")  # fmt: skip
     print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
     for load, runs in doc["runs"].items():
         for policy, s in runs.items():

@@ -26,7 +26,9 @@ For each call, in order (the first rule that answers decides):
 Queue order within a tenant is EDF on a key that moves earlier with workflow progress and
 later with attained service. Retry-After is the predicted drain time of the work ahead,
 within [min, max]. Late binding: queued calls leave through :meth:`poll` when their pool
-has a free slot for their class and are routed then, on fresh state. Pure: ``now`` is passed in.
+has a free slot for their class and are routed then, on fresh state. ``AdmissionConfig.mode``
+swaps the rule for a baseline to compare against (FCFS: admit everything; llm-d's
+priority-only shedding), quotas still first. Pure: ``now`` is passed in.
 """
 
 from __future__ import annotations
@@ -35,13 +37,14 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from inferplane.core.admission_config import AdmissionConfig
+from inferplane.core.admission_config import AdmissionConfig, AdmissionMode
 from inferplane.core.admission_stats import AdmissionSnapshot, AdmissionStats
 from inferplane.core.capacity import (
     AdmissionPredictor,
     DispatchBudget,
     PoolCapacity,
     pool_capacity,
+    scraped_saturation,
 )
 from inferplane.core.predictor import LatencyPredictor
 from inferplane.core.queueing import ExitKind, QueueExit, QueueItem, RequestQueue
@@ -119,6 +122,11 @@ class Admission:
             return self._count(
                 call, Reject(refusal.code, refusal.reason, self._ra(refusal.retry_after_s))
             )
+        if self.config.mode is not AdmissionMode.INFERPLANE:
+            decision = self._baseline(call, pool)
+            if isinstance(decision, Reject):
+                self.quotas.release(call.request_id, now, num_tokens=0)
+            return self._count(call, decision)
         uncached = max(0, call.num_prompt_tokens - num_cached_tokens)
         cap = pool_capacity(
             call.model, uncached, pool, self.predictor, self.config, now, call.priority
@@ -159,6 +167,15 @@ class Admission:
         if ahead.num_calls == 0 and cap.free_slots > 0 and not held:
             return Admit("admitted", sat, ttft_s)
         return self._enqueue(call, cap, ttft_s, standing, now, size_bytes, sat, drain_s)
+
+    def _baseline(self, call: CallContext, pool: Sequence[EndpointView]) -> AdmissionDecision:
+        """The comparison rules (``AdmissionConfig.mode``): FCFS, or llm-d priority shedding."""
+        cfg = self.config
+        sat = scraped_saturation(pool, cfg.queue_threshold, cfg.kv_threshold)
+        shed = cfg.mode is AdmissionMode.PRIORITY_SHED and call.priority is PriorityClass.SHEDDABLE
+        if shed and sat >= 1.0:
+            return Reject("saturated", f"pool saturation {sat:.2f} >= 1", 0, 429, sat)
+        return Admit(f"admitted ({cfg.mode.value})", sat, None)
 
     def _deadline_miss(
         self, call: CallContext, cap: PoolCapacity, ttft_s: float, now: float

@@ -8,9 +8,28 @@ keys are errors, as in the rest of the configuration tree.
 
 from __future__ import annotations
 
+import enum
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from inferplane.core.types import PriorityClass
+
+
+class AdmissionMode(enum.Enum):
+    """Which admission rule runs (the baselines exist to be compared against, same fleet).
+
+    * ``inferplane``: the full rule of :mod:`inferplane.core.admission`;
+    * ``fcfs``: no admission control: every call is admitted at once (tenant quotas still
+      apply), so the engines' own unbounded queues serve in arrival order;
+    * ``priority_shed``: the Kubernetes inference extension's rule (REFERENCE §5): a
+      sheddable call gets 429 while the pool's saturation from scraped metrics (mean over
+      its endpoints of ``max(waiting / queue_threshold, kv_use / kv_threshold)``) is at
+      least 1, with no Retry-After hint (the header says 0); everything else is admitted.
+    """
+
+    INFERPLANE = "inferplane"
+    FCFS = "fcfs"
+    PRIORITY_SHED = "priority_shed"
 
 
 class _Frozen(BaseModel):
@@ -142,6 +161,8 @@ class HeadroomConfig(_Frozen):
 class AdmissionConfig(_Frozen):
     """The admission rule (see :mod:`inferplane.core.admission`)."""
 
+    #: The rule itself; ``fcfs`` and ``priority_shed`` are baselines for benchmarks.
+    mode: AdmissionMode = AdmissionMode.INFERPLANE
     #: llm-d saturation: an endpoint is saturated at ``max(waiting/queue_threshold,
     #: kv_use/kv_threshold) >= 1``; the pool's saturation is the mean over its endpoints.
     queue_threshold: float = Field(default=5.0, gt=0)

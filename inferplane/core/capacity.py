@@ -40,6 +40,7 @@ __all__ = [
     "PoolCapacity",
     "free_slots",
     "pool_capacity",
+    "scraped_saturation",
 ]
 
 _RATE_PROBE_TOKENS = 100_000
@@ -184,6 +185,20 @@ def endpoint_saturation(
     excess = _outstanding(view) - predictor.prior(view, model).max_num_seqs
     waiting = max(view.load.num_waiting, excess)
     return max(waiting / cfg.queue_threshold, view.load.kv_usage / cfg.kv_threshold)
+
+
+def scraped_saturation(
+    pool: Sequence[EndpointView], queue_threshold: float, kv_threshold: float
+) -> float:
+    """llm-d's pool saturation from scraped metrics alone: the mean over the endpoints of
+    ``max(waiting / queue_threshold, kv_use / kv_threshold)`` (0 for an empty pool)."""
+    if not pool:
+        return 0.0
+    total = 0.0
+    for view in pool:
+        load = view.load
+        total += max(load.num_waiting / queue_threshold, load.kv_usage / kv_threshold)
+    return total / len(pool)
 
 
 def pool_capacity(

@@ -203,7 +203,8 @@ class EmbeddedFleet:
 
 
 def _pool_counts(registry: CollectorRegistry) -> dict[str, tuple[float, float, float]]:
-    """Per model: tokens served (prompt + completion), calls that succeeded, calls finished."""
+    """Per model: work served (prompt tokens not from cache, plus completion tokens), calls
+    that succeeded, calls finished."""
     out: dict[str, list[float]] = {}
     for metric in registry.collect():
         if metric.name not in ("inferplane_tokens", "inferplane_requests"):
@@ -213,8 +214,11 @@ def _pool_counts(registry: CollectorRegistry) -> dict[str, tuple[float, float, f
                 continue
             row = out.setdefault(sample.labels.get("model", ""), [0.0, 0.0, 0.0])
             if metric.name == "inferplane_tokens":
-                if sample.labels.get("kind") in ("prompt", "completion"):
+                kind = sample.labels.get("kind")
+                if kind in ("prompt", "completion"):
                     row[0] += sample.value
+                elif kind == "cached":  # a cached prefix costs the engine next to nothing
+                    row[0] -= sample.value
             else:
                 row[2] += sample.value
                 row[1] += sample.value if sample.labels.get("status") == "200" else 0.0
@@ -246,9 +250,11 @@ class AutoscaleController:
     def sense(self, now: float) -> list[PoolSignal]:
         """One signal per pool over the window since the last call.
 
-        Tokens are those of calls that finished in the window (the gateway counts them at the
-        end); SLO attainment is the share of calls answered 200 (a proxy: latency SLOs are
-        not counted per call in the registry yet).
+        Tokens are the work of calls that finished in the window (the gateway counts them at
+        the end): prompt tokens not served from cache plus completion tokens, as the simulator
+        senses it (an agentic call resends a mostly cached context). SLO attainment is the
+        share of calls answered 200 (a proxy: latency SLOs are not counted per call in the
+        registry yet).
         """
         window_s = self.config.tick_s if self._last_s is None else max(1e-3, now - self._last_s)
         self._last_s = now

@@ -25,7 +25,7 @@ from typing import Protocol
 
 from inferplane.core.admission import Admission, AdmissionDecision, Admit, PoolLookup, Reject
 from inferplane.core.admission_config import AdmissionConfig
-from inferplane.core.capacity import AdmissionPredictor
+from inferplane.core.capacity import AdmissionPredictor, scraped_saturation
 from inferplane.core.queueing import QueueExit
 from inferplane.core.types import CallContext, EndpointView, PriorityClass
 
@@ -76,19 +76,6 @@ class OpenGate:
         return 0
 
 
-def pool_saturation(
-    pool: Sequence[EndpointView], queue_threshold: float, kv_threshold: float
-) -> float:
-    """llm-d's pool saturation: mean over endpoints of max(waiting/q, kv_use/kv) (0 if empty)."""
-    if not pool:
-        return 0.0
-    total = 0.0
-    for view in pool:
-        load = view.load
-        total += max(load.num_waiting / queue_threshold, load.kv_usage / kv_threshold)
-    return total / len(pool)
-
-
 class PriorityShedGate(OpenGate):
     """Sheddable calls get 429 while the pool is saturated; the rest are admitted."""
 
@@ -101,7 +88,7 @@ class PriorityShedGate(OpenGate):
     ) -> AdmissionDecision:
         if call.priority is not PriorityClass.SHEDDABLE:
             return _ADMIT
-        sat = pool_saturation(pool, self._queue_threshold, self._kv_threshold)
+        sat = scraped_saturation(pool, self._queue_threshold, self._kv_threshold)
         if sat >= 1.0:
             return Reject("saturated", f"pool saturation {sat:.2f} >= 1", 0, 429, sat)
         return Admit("admitted", sat, None)

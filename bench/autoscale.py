@@ -1,0 +1,256 @@
+"""Autoscaling benchmark (issue 9) in the simulator: inferplane's loop vs a peak-sized fleet vs
+a queue-length loop, on a diurnal agentic workload with a 5x burst.
+
+Workload: agentic tasks (10-20 calls with tool pauses, a shared system prompt and a growing
+context) whose task starts follow a diurnal curve compressed into ``--day-s`` seconds (trough
+at the start, peak at mid-day, peak/trough 4x), plus a burst: for ``--burst-s`` seconds from
+``--burst-at`` of the day, four times as many users again (5x the curve), unannounced. One
+Llama-3-8B pool on H100s, routed by inferplane's routing and admission (the same for every
+sizing policy, so the sizing is the only difference). Three ways to size the pool:
+
+* ``inferplane``: the core's autoscaler driven by the simulator's control tick
+  (:mod:`inferplane.sim.autoscale`): demand as work served (uncached prompt plus output
+  tokens), a Holt forecast over the cold-start horizon, backlog and SLO terms, stabilised
+  scale-down by draining; it starts at ``min_replicas``;
+* ``peak``: a fixed fleet sized for the burst peak by the same rule the loop uses (peak work
+  per second over the replica's sustainable tokens/s at the target utilisation); the peak
+  call rate and the work per call are measured in the inferplane run;
+* ``queue-hpa``: production-stack's KEDA rule (REFERENCE section 5) as an HPA evaluates it:
+  desired = ceil(waiting calls / 5 per replica), 300 s scale-down stabilisation, through the
+  same actuator (cold starts, drains).
+
+Every replica costs from start to stop (warming and draining too). Reports SLO attainment
+(calls within their TTFT and end-to-end SLO, over calls that ended), GPU-hours, spend and cost
+per successful task, with PASS/MISS lines for the issue's targets: attainment within 1 point
+of ``peak`` at <= 0.6x its GPU-hours; better attainment than ``queue-hpa`` at equal or lower
+cost. Writes bench/results/autoscale-sim.json, .md and .png.
+
+Run: ``python bench/autoscale.py [--day-s 1800] [--users 60]``. The emulated-fleet version
+is ``bench/autoscale_emulated.py``; the fluid model of the same loop ``bench/autoscale_fluid.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from inferplane.config import FleetConfig, parse_config
+from inferplane.engine.sizing import gpu_option
+from inferplane.sim.autoscale import gpu_hours, replica_spend_usd
+from inferplane.sim.records import Outcome
+from inferplane.sim.runner import Simulation
+from inferplane.sim.scenario import Scenario, parse_scenario
+from inferplane.sim.summary import summarise_run
+
+RESULTS = Path(__file__).parent / "results"
+POOL = "llama-3-8b"
+TARGET_UTILISATION = 0.7
+BUCKET_S = 30.0  # time series resolution (calls per second, replicas)
+
+
+def fleet_config(replicas: int, args: argparse.Namespace) -> FleetConfig:
+    endpoints = [
+        {"name": f"h100-{i}", "url": f"http://127.0.0.1:{9500 + i}", "gpu": "h100",
+         "price_per_hour_usd": 2.99, "region": "east", "models": [POOL]}
+        for i in range(replicas)
+    ]  # fmt: skip
+    pool = {"model": POOL, "gpus": ["h100"], "min_replicas": args.min_replicas,
+            "max_replicas": args.max_replicas,
+            "target_utilisation": TARGET_UTILISATION}  # fmt: skip
+    return parse_config(
+        {"gateway": {"auth": {"mode": "anonymous"}}, "endpoints": endpoints,
+         "autoscale": {"enabled": True, "tick_s": args.tick_s, "pools": [pool]}}
+    )  # fmt: skip
+
+
+def agents(name: str, users: int, args: argparse.Namespace, **window: float) -> dict[str, Any]:
+    day = args.day_s
+    return {
+        "name": name, "kind": "agentic", "priority": "standard", "users": users,
+        "tasks_per_user_per_hour": args.tasks_per_user_per_hour, "calls_per_task": [10, 20],
+        "system_prompt_tokens": 1000, "first_input_tokens": {"median": 600, "p99": 2500},
+        "tool_result_tokens": {"median": 600, "p99": 3000},
+        "output_tokens": {"median": 400, "p99": 1500}, "tool_pause_s": 1.0,
+        "max_context_tokens": 12000, "slo": {"ttft_s": args.slo_ttft_s, "e2e_s": args.slo_e2e_s},
+        # trough at t = 0 (sin = -1), peak at mid-day: 0.4x .. 1.6x of the mean rate
+        "diurnal": {"period_s": day, "amplitude": 0.6, "phase_s": 0.75 * day},
+        **window,
+    }  # fmt: skip
+
+
+def scenario(args: argparse.Namespace) -> Scenario:
+    start = args.burst_at * args.day_s
+    burst = agents("burst", 4 * args.users, args, start_s=start, stop_s=start + args.burst_s)
+    return parse_scenario(
+        {"name": "autoscale", "fleet": "(in memory)", "duration_s": args.day_s, "drain_s": 120,
+         "seed": args.seed, "policies": ["inferplane"],
+         "clients": {"timeout_s": 120, "max_retries": 2, "backoff_s": 1.0},
+         "workload": [agents("agents", args.users, args), burst]}
+    )  # fmt: skip
+
+
+def run_policy(policy: str, replicas: int, args: argparse.Namespace) -> dict[str, Any]:
+    sc = scenario(args)
+    mode = "off" if policy == "peak" else policy
+    started = time.perf_counter()
+    sim = Simulation(sc, fleet_config(replicas, args), Path("."), "inferplane", autoscale=mode)
+    result = sim.run()
+    wall_s = time.perf_counter() - started
+    end = result.end_s
+    summary = summarise_run(result, sc)
+    spend = replica_spend_usd(sim.fleet, end)
+    ok_tasks = result.tasks["success"]
+    ended = [r for r in result.records if r.outcome is not Outcome.UNFINISHED]
+    served = [r for r in ended if r.outcome is Outcome.SUCCESS]
+    work = sum(r.prompt_tokens - r.cached_tokens + r.completion_tokens for r in served)
+    buckets = math.ceil(end / BUCKET_S)
+    arrivals = [0] * buckets
+    for r in result.records:
+        arrivals[min(buckets - 1, int(r.arrival_s // BUCKET_S))] += 1
+    replicas_over_time = [
+        sum(
+            1 for ep in sim.fleet.endpoints
+            if ep.provisioned_s <= t and (ep.stopped_s is None or ep.stopped_s > t)
+        )
+        for t in (i * BUCKET_S for i in range(buckets))
+    ]  # fmt: skip
+    return {
+        "policy": policy,
+        "slo_attainment": summary["overall"]["slo_attainment"],
+        "calls": len(result.records),
+        "calls_ended": len(ended),
+        "outcomes": summary["overall"]["outcomes"],
+        "tasks": dict(result.tasks),
+        "gpu_hours": gpu_hours(sim.fleet, end),
+        "spend_usd": spend,
+        "cost_per_successful_task_usd": spend / ok_tasks if ok_tasks else None,
+        "replicas_started": len(sim.fleet.endpoints),
+        "max_replicas": max(replicas_over_time),
+        "work_tokens_per_call": work / len(served) if served else 0.0,
+        "ttft_p90_s": summary["overall"]["ttft_s"].get("p90"),
+        "rejections": dict(result.rejections),
+        "series": {"bucket_s": BUCKET_S, "calls_per_s": [a / BUCKET_S for a in arrivals],
+                   "replicas": replicas_over_time},
+        "wall_s": wall_s,
+    }  # fmt: skip
+
+
+def peak_replicas(measured: dict[str, Any]) -> tuple[int, dict[str, float]]:
+    """The fixed fleet an operator sizes for the peak, by the loop's own sizing rule."""
+    option = gpu_option(POOL, "h100")
+    rates = measured["series"]["calls_per_s"]
+    peak_work = max(rates) * measured["work_tokens_per_call"]
+    n = math.ceil(peak_work / (option.tokens_per_s * TARGET_UTILISATION))
+    return n, {"peak_calls_per_s": max(rates), "peak_work_tokens_per_s": peak_work,
+               "replica_tokens_per_s": option.tokens_per_s}  # fmt: skip
+
+
+def verdicts(by: dict[str, dict[str, Any]]) -> list[str]:
+    ip, peak, hpa = by["inferplane"], by["peak"], by["queue-hpa"]
+    gap = 100 * (peak["slo_attainment"] - ip["slo_attainment"])
+    ratio = ip["gpu_hours"] / peak["gpu_hours"]
+    first = gap <= 1.0 and ratio <= 0.6
+    better = ip["slo_attainment"] > hpa["slo_attainment"]
+    cheaper = ip["spend_usd"] <= hpa["spend_usd"]
+    return [
+        f"{'PASS' if first else 'MISS'}: attainment {gap:+.2f} points below peak (<= 1) at "
+        f"{ratio:.2f}x its GPU-hours (<= 0.6)",
+        f"{'PASS' if better and cheaper else 'MISS'}: attainment "
+        f"{100 * ip['slo_attainment']:.2f}% vs queue-hpa {100 * hpa['slo_attainment']:.2f}% "
+        f"at ${ip['spend_usd']:.2f} vs ${hpa['spend_usd']:.2f} (better, at equal or lower cost)",
+    ]
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    peak = next(r for r in results if r["policy"] == "peak")
+    lines = [
+        "| policy | SLO attainment | GPU-hours | x peak | spend | cost / successful task "
+        "| tasks ok | max replicas | started | TTFT p90 |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        cost = r["cost_per_successful_task_usd"]
+        ttft = r["ttft_p90_s"]
+        lines.append(
+            f"| {r['policy']} | {100 * r['slo_attainment']:.2f}% | {r['gpu_hours']:.2f} | "
+            f"{r['gpu_hours'] / peak['gpu_hours']:.2f} | ${r['spend_usd']:.2f} | "
+            f"{'-' if cost is None else f'${cost:.4f}'} | {r['tasks']['success']} | "
+            f"{r['max_replicas']} | {r['replicas_started']} | "
+            f"{'-' if ttft is None else f'{ttft:.2f} s'} |"
+        )
+    return "\n".join(lines)
+
+
+def plot(results: list[dict[str, Any]], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    base = results[0]["series"]
+    xs = [i * base["bucket_s"] for i in range(len(base["calls_per_s"]))]
+    top.plot(xs, base["calls_per_s"], color="black")
+    top.set_ylabel("calls / s (arrivals)")
+    top.set_title(title)
+    for r in results:
+        s = r["series"]
+        bottom.step([i * s["bucket_s"] for i in range(len(s["replicas"]))], s["replicas"],
+                    where="post", label=r["policy"])  # fmt: skip
+    bottom.set_ylabel("replicas (incl. warming, draining)")
+    bottom.set_xlabel("time (s)")
+    bottom.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=80, metadata={"Software": None})
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--day-s", type=float, default=1200.0, help="length of the day")
+    parser.add_argument("--users", type=int, default=100, help="agent users at the mean rate")
+    parser.add_argument("--tasks-per-user-per-hour", type=float, default=30.0)
+    parser.add_argument("--burst-at", type=float, default=0.3, help="fraction of the day")
+    parser.add_argument("--burst-s", type=float, default=120.0)
+    parser.add_argument("--slo-ttft-s", type=float, default=3.0)
+    parser.add_argument("--slo-e2e-s", type=float, default=60.0)
+    parser.add_argument("--tick-s", type=float, default=15.0)
+    parser.add_argument("--min-replicas", type=int, default=1)
+    parser.add_argument("--max-replicas", type=int, default=32)
+    parser.add_argument("--peak-replicas", type=int, default=0, help="0: sized from the run")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
+    args = parser.parse_args()
+    with ProcessPoolExecutor(args.jobs) as pool:
+        scaled = [pool.submit(run_policy, p, args.min_replicas, args)
+                  for p in ("inferplane", "queue-hpa")]  # fmt: skip
+        ip, hpa = (f.result() for f in scaled)
+    n, sizing = peak_replicas(ip)
+    n = args.peak_replicas or n
+    peak = run_policy("peak", n, args)
+    results = [ip, peak, hpa]
+    by = {r["policy"]: r for r in results}
+    lines = verdicts(by)
+    text = table(results)
+    print(text)
+    print(f"peak fleet: {n} x H100 ({sizing})")
+    print("\n".join(lines))
+    RESULTS.mkdir(exist_ok=True)
+    doc = {"args": vars(args), "peak_sizing": {"replicas": n, **sizing}, "results": results,
+           "verdicts": lines, "load": os.getloadavg()}  # fmt: skip
+    (RESULTS / "autoscale-sim.json").write_text(json.dumps(doc, indent=1))
+    (RESULTS / "autoscale-sim.md").write_text(
+        f"# Autoscaling in the simulator\n\n`python bench/autoscale.py` with {vars(args)}\n\n"
+        f"{text}\n\npeak fleet: {n} x H100 ({sizing})\n\n" + "\n".join(lines) + "\n"
+    )
+    plot(results, RESULTS / "autoscale-sim.png", "Simulator: diurnal agentic day with a 5x burst")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,337 @@
+"""Autoscaling on the emulated fleet (issue 9): the gateway's loop vs a fixed peak-sized fleet.
+
+A short, real-time version of ``bench/autoscale.py``: the gateway in front of an embedded
+fleet of emulated Llama-3-8B H100 engines (``EmbeddedFleet``: engines started cold load
+their weights before they answer ``/health``; drained ones finish their calls, then stop),
+and a load driver in the same process sending agentic tasks (4-8 streamed calls each with a
+workflow id, a shared system prompt and a growing context) whose arrival rate follows a
+diurnal curve compressed into ``--duration-s`` (trough 0.4x, peak 1.6x of ``--tasks-per-s``)
+with a 5x burst for ``--burst-s`` from ``--burst-at`` of the run. Two arms, one after the
+other, same seed:
+
+* ``inferplane``: ``setup_autoscaling`` with the embedded fleet as actuator, one warm engine
+  at start, ``min_replicas`` 1 and ``max_replicas`` ``--max-replicas``;
+* ``peak``: ``--peak-replicas`` warm engines and no loop (0: the loop's sizing rule applied
+  to the peak work rate the inferplane arm measured).
+
+Reports replicas over time (started engines, warming and draining included: what is paid),
+SLO attainment (streamed calls with a first token within ``--slo-ttft-s`` and done within
+``--slo-e2e-s``, over calls sent), GPU-hours and cost per successful task. Writes
+bench/results/autoscale-emulated.json and .png. The engines, the gateway and the load share
+this machine's cores, so the numbers carry the machine's load (printed with them).
+
+Run: ``python bench/autoscale_emulated.py [--duration-s 240]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+
+from inferplane.config import parse_config
+from inferplane.core.types import EndpointState
+from inferplane.engine.sizing import gpu_option
+from inferplane.gateway.app import Gateway, start_server
+from inferplane.gateway.autoscale import (
+    CONTROLLER_KEY,
+    AutoscaleConfig,
+    EmbeddedFleet,
+    PoolScaleConfig,
+    setup_autoscaling,
+)
+
+RESULTS = Path(__file__).parent / "results"
+POOL, GPU = "llama-3-8b", "h100"
+TARGET_UTILISATION = 0.7
+WORDS = ("alpha", "build", "commit", "deploy", "error", "file", "grep", "patch", "test", "trace")
+
+
+@dataclass(slots=True)
+class CallResult:
+    sent_s: float
+    ttft_s: float | None
+    e2e_s: float | None
+    ok: bool
+    work_tokens: int  # uncached prompt plus completion, from the usage chunk
+
+
+def rate_factor(t: float, args: argparse.Namespace) -> float:
+    """Diurnal curve (0.4x at the start, 1.6x mid-run) with the 5x burst on top."""
+    diurnal = 1.0 + 0.6 * math.sin(2 * math.pi * (t / args.duration_s + 0.75))
+    start = args.burst_at * args.duration_s
+    return diurnal * (5.0 if start <= t < start + args.burst_s else 1.0)
+
+
+class Driver:
+    """Agentic tasks against the gateway at the time-varying rate."""
+
+    def __init__(self, url: str, args: argparse.Namespace) -> None:
+        self.url, self.args = url, args
+        self.rng = random.Random(args.seed)
+        self.calls: list[CallResult] = []
+        self.tasks_ok = self.tasks_failed = 0
+        self._start = 0.0
+
+    def text(self, words: int) -> str:
+        return " ".join(self.rng.choice(WORDS) for _ in range(words))
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._start = loop.time()
+        pending: set[asyncio.Task[None]] = set()
+        peak = 1.6 * 5.0 * self.args.tasks_per_s
+        timeout = aiohttp.ClientTimeout(total=self.args.slo_e2e_s * 4)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            while (t := loop.time() - self._start) < self.args.duration_s:
+                await asyncio.sleep(self.rng.expovariate(peak))  # thinning of a Poisson process
+                if self.rng.random() * peak <= self.args.tasks_per_s * rate_factor(t, self.args):
+                    task = asyncio.create_task(self.task(session, len(self.calls) + len(pending)))
+                    pending.add(task)
+                    task.add_done_callback(pending.discard)
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    async def task(self, session: aiohttp.ClientSession, n: int) -> None:
+        steps = self.rng.randint(4, 8)
+        messages: list[dict[str, str]] = [
+            {"role": "system", "content": "You are a coding agent. " + "tools " * 400},
+            {"role": "user", "content": self.text(300)},
+        ]
+        for step in range(1, steps + 1):
+            headers = {"X-Workflow-Id": f"t{n}", "X-Workflow-Step": str(step),
+                       "X-Workflow-Steps": str(steps)}  # fmt: skip
+            result = await self.call(session, messages, headers)
+            self.calls.append(result)
+            if not result.ok:
+                self.tasks_failed += 1
+                return
+            messages += [{"role": "assistant", "content": self.text(60)},
+                         {"role": "user", "content": "tool result: " + self.text(250)}]  # fmt: skip
+            await asyncio.sleep(self.rng.uniform(0.2, 1.0))
+        self.tasks_ok += 1
+
+    async def call(
+        self, session: aiohttp.ClientSession, messages: list[dict[str, str]], headers: Any
+    ) -> CallResult:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        body = {"model": POOL, "messages": messages, "max_tokens": 96, "stream": True,
+                "stream_options": {"include_usage": True}}  # fmt: skip
+        ttft, work = None, 0
+        try:
+            async with session.post(
+                self.url + "/v1/chat/completions", data=orjson.dumps(body), headers=headers
+            ) as resp:
+                if resp.status != 200:
+                    await resp.read()
+                    return CallResult(start - self._start, None, None, False, 0)
+                async for line in resp.content:
+                    if not line.startswith(b"data: "):
+                        continue
+                    if line.startswith(b"data: [DONE]"):
+                        e2e = loop.time() - start
+                        return CallResult(start - self._start, ttft, e2e, True, work)
+                    chunk = orjson.loads(line[6:])
+                    if "error" in chunk:
+                        break
+                    if ttft is None and chunk.get("choices"):
+                        ttft = loop.time() - start
+                    usage = chunk.get("usage")
+                    if usage:
+                        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+                        work = usage["prompt_tokens"] - (cached or 0) + usage["completion_tokens"]
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            pass
+        return CallResult(start - self._start, ttft, None, False, work)
+
+
+async def run_arm(arm: str, replicas: int, args: argparse.Namespace) -> dict[str, Any]:
+    slots = EmbeddedFleet.plan(POOL, GPU, args.max_replicas, args.time_scale, prefix=arm)
+    holder: list[Gateway] = []
+    fleet = EmbeddedFleet(
+        slots,
+        lambda n, st: holder[0].tracker.set_state(n, st),
+        lambda n: holder[0].tracker.in_flight(n),
+    )
+    config = parse_config(
+        {"gateway": {"auth": {"mode": "anonymous"}, "log_requests": False,
+                     "scrape_interval_s": 0.5, "health_interval_s": 0.5},
+         "endpoints": [fleet.endpoint_config(s) for s in slots]}
+    )  # fmt: skip
+    gateway = Gateway(config)
+    holder.append(gateway)
+    for slot in slots[:replicas]:
+        await fleet.start_slot(slot.name, cold=False)
+    app = gateway.build_app()
+    if arm == "inferplane":
+        pool = PoolScaleConfig(model=POOL, gpus=(GPU,), min_replicas=1,
+                               max_replicas=args.max_replicas,
+                               target_utilisation=TARGET_UTILISATION,
+                               scale_down_window_s=args.down_window_s,
+                               scale_down_cooldown_s=args.down_window_s)  # fmt: skip
+        scale = AutoscaleConfig(enabled=True, tick_s=args.tick_s, time_scale=args.time_scale,
+                                pools=(pool,))  # fmt: skip
+        setup_autoscaling(app, gateway, scale, fleet)
+    runner, port = await start_server(app, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        await _ready(gateway, [s.name for s in slots[:replicas]])
+        driver = Driver(url, args)
+        series: list[tuple[float, int, int]] = []  # (t, started engines, ready ones)
+        sampler = asyncio.create_task(_sample(fleet, gateway, series, slots))
+        started = time.monotonic()
+        await driver.run()
+        elapsed = time.monotonic() - started
+        sampler.cancel()
+        decisions = app[CONTROLLER_KEY]["ctl"].snapshot() if arm == "inferplane" else []
+    finally:
+        await runner.cleanup()
+        await fleet.stop()
+    return summarise(arm, driver, series, elapsed, decisions, args)
+
+
+async def _ready(gateway: Gateway, names: list[str]) -> None:
+    """Wait for the gateway's health checks to see the warm engines ready."""
+    for _ in range(600):
+        if all(gateway.tracker.state(n) is EndpointState.READY for n in names):
+            return
+        await asyncio.sleep(0.1)
+    raise RuntimeError(f"engines not ready: {names}")
+
+
+async def _sample(
+    fleet: EmbeddedFleet, gateway: Gateway, series: list[tuple[float, int, int]], slots: Any
+) -> None:
+    start = time.monotonic()
+    while True:
+        ready = sum(gateway.tracker.state(s.name) is EndpointState.READY for s in slots)
+        series.append((time.monotonic() - start, len(fleet.servers), ready))
+        await asyncio.sleep(1.0)
+
+
+def summarise(
+    arm: str, driver: Driver, series: list[tuple[float, int, int]], elapsed: float,
+    decisions: list[Any], args: argparse.Namespace,
+) -> dict[str, Any]:  # fmt: skip
+    option = gpu_option(POOL, GPU, time_scale=args.time_scale)
+    gpu_s = sum(n * (series[i + 1][0] - t) for i, (t, n, _) in enumerate(series[:-1]))
+    calls = driver.calls
+    met = sum(
+        c.ok and c.ttft_s is not None and c.ttft_s <= args.slo_ttft_s
+        and c.e2e_s is not None and c.e2e_s <= args.slo_e2e_s
+        for c in calls
+    )  # fmt: skip
+    spend = gpu_s / 3600 * option.price_per_hour_usd
+    buckets: dict[int, list[int]] = {}
+    for c in calls:
+        if c.ok:
+            buckets.setdefault(int(c.sent_s // 10), []).append(c.work_tokens)
+    peak_work = max((sum(w) / 10 for w in buckets.values()), default=0.0)
+    ttfts = sorted(c.ttft_s for c in calls if c.ttft_s is not None)
+    return {
+        "arm": arm, "calls": len(calls), "ok": sum(c.ok for c in calls),
+        "slo_attainment": met / len(calls) if calls else None,
+        "ttft_p90_s": ttfts[int(0.9 * (len(ttfts) - 1))] if ttfts else None,
+        "tasks_ok": driver.tasks_ok, "tasks_failed": driver.tasks_failed,
+        "gpu_hours": gpu_s / 3600, "spend_usd": spend,
+        "cost_per_successful_task_usd": spend / driver.tasks_ok if driver.tasks_ok else None,
+        "max_replicas": max(n for _, n, _ in series), "elapsed_s": elapsed,
+        "peak_work_tokens_per_s": peak_work, "replica_tokens_per_s": option.tokens_per_s,
+        "series": [[round(t, 1), n, r] for t, n, r in series],
+        "last_decisions": decisions,
+    }  # fmt: skip
+
+
+def plot(results: list[dict[str, Any]], args: argparse.Namespace, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    xs = [float(t) for t in range(int(args.duration_s))]
+    top.plot(xs, [args.tasks_per_s * rate_factor(t, args) for t in xs], color="black")
+    top.set_ylabel("tasks / s (offered)")
+    top.set_title(f"Emulated fleet (time scale {args.time_scale:g}): replicas over time")
+    for r in results:
+        ts = [p[0] for p in r["series"]]
+        bottom.step(ts, [p[1] for p in r["series"]], where="post", label=f"{r['arm']} started")
+        if r["arm"] == "inferplane":
+            bottom.step(ts, [p[2] for p in r["series"]], where="post", label="inferplane ready",
+                        linestyle="--")  # fmt: skip
+    bottom.set_ylabel("engines")
+    bottom.set_xlabel("time (s)")
+    bottom.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=80, metadata={"Software": None})
+    plt.close(fig)
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    peak = results[-1]
+    lines = ["| arm | calls | SLO attainment | TTFT p90 | GPU-hours | x peak | spend "
+             "| cost / successful task | tasks ok/failed | max engines |",
+             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in results:
+        cost = r["cost_per_successful_task_usd"]
+        lines.append(
+            f"| {r['arm']} | {r['calls']} | {100 * (r['slo_attainment'] or 0):.2f}% | "
+            f"{r['ttft_p90_s'] or 0:.2f} s | {r['gpu_hours']:.3f} | "
+            f"{r['gpu_hours'] / peak['gpu_hours']:.2f} | ${r['spend_usd']:.3f} | "
+            f"{'-' if cost is None else f'${cost:.5f}'} | {r['tasks_ok']}/{r['tasks_failed']} | "
+            f"{r['max_replicas']} |"
+        )
+    return "\n".join(lines)
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    load_before = os.getloadavg()
+    ip = await run_arm("inferplane", 1, args)
+    per_replica = ip["replica_tokens_per_s"] * TARGET_UTILISATION
+    n = args.peak_replicas or max(1, math.ceil(ip["peak_work_tokens_per_s"] / per_replica))
+    peak = await run_arm("peak", min(n, args.max_replicas), args)
+    results = [ip, peak]
+    text = table(results)
+    print(text)
+    gap = 100 * ((peak["slo_attainment"] or 0) - (ip["slo_attainment"] or 0))
+    ratio = ip["gpu_hours"] / peak["gpu_hours"]
+    verdict = (f"{'PASS' if gap <= 1 and ratio <= 0.6 else 'MISS'}: attainment {gap:+.2f} "
+               f"points below peak (<= 1) at {ratio:.2f}x its GPU-hours (<= 0.6)")  # fmt: skip
+    print(f"peak fleet: {n} engines; load average before {load_before}, after {os.getloadavg()}")
+    print(verdict)
+    RESULTS.mkdir(exist_ok=True)
+    doc = {"args": vars(args), "peak_replicas": n, "results": results, "verdict": verdict,
+           "load_before": load_before, "load_after": os.getloadavg()}  # fmt: skip
+    (RESULTS / "autoscale-emulated.json").write_text(json.dumps(doc, indent=1))
+    plot(results, args, RESULTS / "autoscale-emulated.png")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--duration-s", type=float, default=240.0)
+    parser.add_argument("--tasks-per-s", type=float, default=0.5, help="mean task arrival rate")
+    parser.add_argument("--burst-at", type=float, default=0.35, help="fraction of the run")
+    parser.add_argument("--burst-s", type=float, default=45.0)
+    parser.add_argument("--time-scale", type=float, default=1.0)
+    parser.add_argument("--tick-s", type=float, default=5.0)
+    parser.add_argument("--down-window-s", type=float, default=30.0)
+    parser.add_argument("--max-replicas", type=int, default=5)
+    parser.add_argument("--peak-replicas", type=int, default=0, help="0: sized from the run")
+    parser.add_argument("--slo-ttft-s", type=float, default=2.0)
+    parser.add_argument("--slo-e2e-s", type=float, default=20.0)
+    parser.add_argument("--seed", type=int, default=1)
+    asyncio.run(main_async(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()
