@@ -52,6 +52,7 @@ from inferplane.gateway.router import GatewayRouter
 from inferplane.gateway.stats import render_metrics, stats_body
 from inferplane.gateway.tracing import GatewayTracer, TracingConfig, setup_tracing
 from inferplane.gateway.tracker import EndpointTracker
+from inferplane.gateway.upstream import UpstreamClient
 from inferplane.state.config import StateBackend, build_store
 from inferplane.state.quota_client import SharedQuotas
 
@@ -86,6 +87,7 @@ class Gateway:
         self.tracker: EndpointTracker
         self.recorder: Recorder
         self.proxy: Proxy
+        self.upstream: UpstreamClient
         self.gate: AdmissionGate
         self.cache: ResponseCache
         self.state: StateStore
@@ -146,8 +148,11 @@ class Gateway:
         self.tracker = EndpointTracker(
             self.config.endpoints, gw, self.clock, self.recorder.on_endpoint_state
         )
+        # Engine calls go over the lean keep-alive client; health checks and scrapes keep
+        # aiohttp's session (a few per second, not per call).
+        self.upstream = UpstreamClient(gw.max_connections)
         self.proxy = Proxy(
-            self.session, self.tracker, gw.timeouts, self.retries, self.clock,
+            self.upstream, self.tracker, gw.timeouts, self.retries, self.clock,
             reliability=self.config.reliability, predictor=self.router.predictor,
         )  # fmt: skip
         self.state = build_store(self.config.state)
@@ -177,6 +182,7 @@ class Gateway:
         if self.session is not None:
             self.gate.close()
             await self.tracker.stop()
+            await self.upstream.close()
             await self.session.close()
             await self.cache.close()
             await self.state.close()

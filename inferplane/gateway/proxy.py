@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 import orjson
@@ -50,6 +50,7 @@ from inferplane.gateway.reliability_config import ReliabilityConfig
 from inferplane.gateway.sse_filter import read_usage
 from inferplane.gateway.tracing import TRACER_KEY
 from inferplane.gateway.tracker import EndpointTracker
+from inferplane.gateway.upstream import UpstreamClient
 
 __all__ = ["Candidate", "Exchange", "Finisher", "Proxy", "read_usage"]
 
@@ -59,7 +60,7 @@ class Proxy:
 
     def __init__(
         self,
-        session: aiohttp.ClientSession,
+        session: UpstreamClient | aiohttp.ClientSession,
         tracker: EndpointTracker,
         timeouts: TimeoutsConfig,
         retries: int,
@@ -77,7 +78,10 @@ class Proxy:
         self.reliability = Reliability(
             reliability or ReliabilityConfig(), tracker, clock, predictor
         )
-        self.hedging = Hedging(self.reliability, session, tracker, clock)
+        # The lean client answers the part of aiohttp's session API hedging uses (``post``).
+        self.hedging = Hedging(
+            self.reliability, cast(aiohttp.ClientSession, session), tracker, clock
+        )
         cfg = self.reliability.config
         self._stall_s = cfg.resumption.stall_timeout_s or timeouts.inter_token_s
 
