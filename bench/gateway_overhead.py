@@ -198,6 +198,9 @@ def _start_gateway(backend_port: int, loop: str) -> tuple[subprocess.Popen[bytes
     cfg = Path(tempfile.mkdtemp()) / "fleet.yaml"
     cfg.write_text(
         "gateway: {log_requests: false, scrape_interval_s: 0.1}\n"
+        # The trivial backend has no batch-slot limit: without this prior the gateway would
+        # admit it as a 256-slot GPU and hold standard calls beyond their share in its queue.
+        "routing: {predictor: {priors: {h100: {max_num_seqs: 4096}}}}\n"
         "endpoints:\n"
         f"  - {{name: b0, url: 'http://127.0.0.1:{backend_port}', kind: openai, gpu: h100,"
         " price_per_hour_usd: 2.0, models: [m]}\n"

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import itertools
 import logging
 import time
@@ -170,6 +171,7 @@ class Gateway:
         self.router.start()
         self._tasks.append(asyncio.create_task(self._expire_loop()))
         self._tasks.append(asyncio.create_task(self.gate.run()))
+        _tune_gc()
         log.info("gateway started", extra={"endpoints": len(infos), "ready": self._num_ready()})
 
     async def stop(self) -> None:
@@ -394,6 +396,22 @@ class Gateway:
             )
         body_out = orjson.dumps({"workflow_id": workflow_id, "outcome": outcome, "closed": True})
         return web.Response(body=body_out, content_type="application/json")
+
+
+#: Young-generation threshold of the cyclic GC while serving (CPython's default is 700).
+GC_GEN0_THRESHOLD = 10_000
+
+
+def _tune_gc() -> None:
+    """Make the cyclic garbage collector cheap for a server (the overhead bench: ~10% of
+    the gateway's CPU went to collections). What exists once the gateway has started (the
+    imported modules, config, routing state) lives as long as the process: ``gc.freeze``
+    keeps it out of every later scan. A call allocates a few hundred short-lived containers
+    that reference counting frees anyway, so young collections run less often.
+    """
+    gc.freeze()
+    gen0, gen1, gen2 = gc.get_threshold()
+    gc.set_threshold(max(gen0, GC_GEN0_THRESHOLD), gen1, gen2)
 
 
 def _no_clock() -> float:
