@@ -65,6 +65,12 @@ class CacheConfig(_Frozen):
     #: recently used tenants dropped first); 50,000 rows of 384 floats are about 77 MB.
     semantic_max_entries_per_tenant: int = Field(default=10_000, ge=1)
     semantic_max_rows: int = Field(default=50_000, ge=1)
+    #: Recent user-turn vectors remembered by text digest (0: none), and the embedding
+    #: micro-batch: at most this many texts per model pass, waiting up to ``window_s`` for
+    #: company (0: a lone request starts at once; requests arriving meanwhile are batched).
+    semantic_memo_entries: int = Field(default=4096, ge=0)
+    semantic_max_batch: int = Field(default=32, ge=1)
+    semantic_batch_window_s: float = Field(default=0.0, ge=0.0, le=0.1)
     default: CacheRouteConfig = CacheRouteConfig()
     routes: dict[str, CacheRouteConfig] = Field(default_factory=dict)
 

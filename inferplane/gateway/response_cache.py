@@ -11,7 +11,8 @@ miss, the proxy's successful answer is stored: a JSON body whole (:meth:`store_j
 through a :class:`StreamCapture` the proxy feeds with every chunk it writes (:meth:`capture`,
 :meth:`store_stream`). Responses say how they were served in ``X-Inferplane-Cache``
 (``hit-exact``, ``hit-semantic``, ``miss``, ``bypass``) and, for a semantic hit, the cosine
-similarity in ``X-Inferplane-Cache-Similarity``. Embedding runs in a worker thread.
+similarity in ``X-Inferplane-Cache-Similarity``. Embedding runs in a worker thread,
+concurrent requests batched and recent texts remembered (:mod:`inferplane.cache.batcher`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 from aiohttp import web
 
 from inferplane.cache.backend import CacheBackend, MemoryBackend
+from inferplane.cache.batcher import EmbeddingBatcher
 from inferplane.cache.embedder import Embedder, MiniLmEmbedder
 from inferplane.core.cache import (
     CacheEntry,
@@ -148,36 +150,42 @@ class ResponseCache:
         self._clock = clock
         self.backend = backend if backend is not None else build_backend(config, clock)
         self._embedder = embedder
+        self._batcher: EmbeddingBatcher | None = None
         self._hasher = hasher
         self._index: SemanticIndex | None = None
         self.ledger = CacheLedger()
 
     # ---- semantic machinery (lazy) ---------------------------------------------------------
 
-    def _semantic(self) -> tuple[Embedder, SemanticIndex]:
+    def _semantic(self) -> tuple[EmbeddingBatcher, SemanticIndex]:
         if self._embedder is None:
             # One torch thread: on a busy gateway host, threaded inference fights the event
             # loop and other embeddings (measured 6x slower per sentence at 2 threads, 2 cores).
             self._embedder = MiniLmEmbedder(num_threads=1)
+        if self._batcher is None:
+            self._batcher = EmbeddingBatcher(
+                self._embedder,
+                self.config.semantic_memo_entries,
+                self.config.semantic_max_batch,
+                self.config.semantic_batch_window_s,
+            )
         if self._index is None:
             self._index = SemanticIndex(
                 self._embedder.dim,
                 self.config.semantic_max_entries_per_tenant,
                 self.config.semantic_max_rows,
             )
-        return self._embedder, self._index
+        return self._batcher, self._index
 
     async def warm(self) -> None:
         """Load the embedding model now when some route uses semantic caching."""
         if self.config.any_semantic:
-            embedder, _ = self._semantic()
-            await asyncio.to_thread(embedder.embed, ["warm up"])
+            batcher, _ = self._semantic()
+            await asyncio.to_thread(batcher.embedder.embed, ["warm up"])
 
     async def _embed(self, text: str) -> Vector:
-        embedder, _ = self._semantic()
-        matrix = await asyncio.to_thread(embedder.embed, [text])
-        row: Vector = matrix[0]
-        return row
+        batcher, _ = self._semantic()
+        return await batcher.embed(text)
 
     # ---- lookup ----------------------------------------------------------------------------
 
