@@ -41,6 +41,15 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--no-html", action="store_true", help="skip the HTML report")
     parser.add_argument("--quiet", action="store_true", help="no progress bar or table")
     parser.set_defaults(func=run_command)
+    plan = subparsers.add_parser(
+        "plan",
+        help="find the cheapest fleet per GPU type that meets SLOs at a given demand",
+        description="Simulate fleets of each candidate GPU type (doubling, then bisection) "
+        "and report the cheapest one meeting the plan's SLOs, with every fleet tried.",
+    )
+    plan.add_argument("plan", type=Path, help="plan YAML file")
+    plan.add_argument("--out", type=Path, default=None, help="write the result JSON here")
+    plan.set_defaults(func=plan_command)
 
 
 def simulate(
@@ -123,4 +132,28 @@ def run_command(args: argparse.Namespace) -> int:
         print_summary(document, Console())
         html_note = "" if args.no_html else f" and {out / 'report.html'}"
         console.print(f"wrote {out / 'result.json'}{html_note}")
+    return 0
+
+
+def plan_command(args: argparse.Namespace) -> int:
+    """``inferplane plan plan.yaml``: the cheapest fleet per GPU type, and the sweep."""
+    import json
+
+    from rich.console import Console
+
+    from inferplane.sim.plan import PlanError, load_plan, plan_fleets
+    from inferplane.sim.plan_report import plan_document, plan_table
+
+    console = Console(stderr=True)
+    errors: tuple[type[Exception], ...] = (PlanError, *_user_errors())
+    try:
+        plan = load_plan(args.plan)
+        found = plan_fleets(plan, args.plan.parent)
+    except errors as exc:
+        console.print(f"[red]plan: {exc}[/red]", highlight=False)
+        return 2
+    Console().print(plan_table(plan, found))
+    if args.out is not None:
+        args.out.write_text(json.dumps(plan_document(plan, found), indent=2), encoding="utf-8")
+        console.print(f"wrote {args.out}")
     return 0

@@ -57,6 +57,7 @@ class CallResult:
     ttft_s: float | None
     e2e_s: float | None
     completion_tokens: int
+    sent_s: float = 0.0  # when it was sent, seconds after the trace's start
 
     @property
     def admitted(self) -> bool:
@@ -181,7 +182,7 @@ def _from_record(index: int, r: CallRecord) -> CallResult:
         status = 0
     endpoint = r.endpoint if status == 200 else None
     return CallResult(index, status, endpoint, "" if status == 200 else r.reason,
-                      r.ttft_s, r.e2e_s, r.completion_tokens)  # fmt: skip
+                      r.ttft_s, r.e2e_s, r.completion_tokens, r.arrival_s)  # fmt: skip
 
 
 # ---- the live side ---------------------------------------------------------------------------
@@ -215,14 +216,20 @@ async def send_trace(
                 "stream": True,
                 "stream_options": {"include_usage": True},
             }
-            tasks.append(asyncio.create_task(_one(session, url, i, body, priority)))
+            tasks.append(asyncio.create_task(_one(session, url, i, body, priority, start)))
         return list(await asyncio.gather(*tasks))
 
 
 async def _one(
-    session: aiohttp.ClientSession, url: str, index: int, body: dict[str, Any], priority: str
+    session: aiohttp.ClientSession,
+    url: str,
+    index: int,
+    body: dict[str, Any],
+    priority: str,
+    start: float,
 ) -> CallResult:
     sent = time.perf_counter()
+    sent_s = sent - start
     ttft: float | None = None
     tokens = 0
     headers = {"X-Priority": priority}
@@ -232,7 +239,7 @@ async def _one(
             if resp.status != 200:
                 await resp.read()
                 reason = resp.headers.get("X-Inferplane-Reason", "")
-                return CallResult(index, resp.status, None, reason, None, None, 0)
+                return CallResult(index, resp.status, None, reason, None, None, 0, sent_s)
             async for line in resp.content:
                 if ttft is None and b'"finish_reason":null' in line:
                     ttft = time.perf_counter() - sent
@@ -241,8 +248,8 @@ async def _one(
                     tokens = int(usage.get("completion_tokens", 0))
             e2e = time.perf_counter() - sent
     except (aiohttp.ClientError, TimeoutError):
-        return CallResult(index, 0, None, "client error", ttft, None, 0)
-    return CallResult(index, 200, endpoint, "", ttft, e2e, tokens)
+        return CallResult(index, 0, None, "client error", ttft, None, 0, sent_s)
+    return CallResult(index, 200, endpoint, "", ttft, e2e, tokens, sent_s)
 
 
 async def wait_ready(url: str, num_endpoints: int, timeout_s: float = 30.0) -> None:
