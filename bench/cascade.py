@@ -49,8 +49,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import sys
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -105,6 +107,16 @@ class Run:
     cut_by_crash: int = 0  # streams in flight on the engine that crashed
 
 
+_STATUSES: Counter[str] = Counter()  # refusals the clients got, "status code"
+
+
+def _code_of(body: bytes) -> str:
+    try:
+        return str(orjson.loads(body)["error"].get("code"))
+    except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
+        return "?"
+
+
 async def _one_try(
     session: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str],
     timeout_s: float, t0: float, loop: asyncio.AbstractEventLoop,
@@ -117,7 +129,7 @@ async def _one_try(
         async with asyncio.timeout(timeout_s):
             async with session.post(url, data=body, headers=headers) as resp:
                 if resp.status != 200:
-                    await resp.read()
+                    _STATUSES[f"{resp.status} {_code_of(await resp.read())}"] += 1
                     return False, None, 0, None, False, False
                 done = False
                 async for line in resp.content:
@@ -253,6 +265,7 @@ async def _sample(
 async def run(mode: str, args: argparse.Namespace, op: dict[str, float]) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
     _engine_size(args.max_num_seqs)
+    _STATUSES.clear()
     rng = random.Random(args.seed)
     spec = EngineSpec(model=MODEL, gpu=GPU, count=8, time_scale=args.time_scale, seed=args.seed)
     async with Fleet([spec]) as fleet:
@@ -300,7 +313,10 @@ async def run(mode: str, args: argparse.Namespace, op: dict[str, float]) -> dict
         assert gw.proxy is not None
         counts = dict(gw.proxy.reliability.counts)
         await runner.cleanup()
-    return summary(mode, result, counts, t0, args, [e.name for e in fleet.engines])
+    out = summary(mode, result, counts, t0, args, [e.name for e in fleet.engines])
+    out["client_refusals"] = dict(_STATUSES)
+    out["load_average_1m"] = round(os.getloadavg()[0], 1)
+    return out
 
 
 def main() -> None:
@@ -325,6 +341,9 @@ def main() -> None:
     print("operating point:", op)
     results = [asyncio.run(run(mode, args, op)) for mode in args.modes.split(",")]
     print(table(results))
+    for r in results:
+        print(f"[{r['mode']}] refusals seen by clients: {r['client_refusals']}; "
+              f"load average (1 min) at the end: {r['load_average_1m']}")  # fmt: skip
     lines = [line for r in results if r["mode"] != "off" for line in targets(r)]
     print("\n" + "\n".join(lines))
     RESULTS.parent.mkdir(parents=True, exist_ok=True)

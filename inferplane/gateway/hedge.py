@@ -1,15 +1,15 @@
 """Hedged attempts: asking a second endpoint when the first is late with its first token.
 
 A critical call (the classes in ``reliability.hedge``) whose attempt has produced no token by
-the predicted p95 TTFT of the endpoint it went to gets a second attempt on the
-next ranked endpoint not tried yet whose breaker admits it, when the pool's retry budget has
-a slot for it. The attempts race to their *first token* (a stream's first event carrying
-text; a whole answer's first byte, since an engine sends nothing before it is done): the
-first one wins, the others are cancelled at their engines (their connections are closed,
-which makes the engine abort the request and free its slot), and the client sees one clean
-answer from the winner. An attempt that fails during the race drops out and the others go
-on; when the last one fails, its failure goes to the proxy, which retries or gives up as
-for any attempt.
+the predicted p95 TTFT of the endpoint it went to gets a second attempt on the next ranked
+endpoint not tried yet whose breaker admits it, when the pool's retry budget has a slot for
+it (held until the race is over). The attempts race to their *first token* (a stream's
+first event carrying text; a whole answer's first byte, since an engine sends nothing
+before it is done): the first one wins, the others are cancelled at their engines (their
+connections are closed, which makes the engine abort the request and free its slot), and
+the client sees one clean answer from the winner. An attempt that fails during the race
+drops out and the others go on; when the last one fails, its failure goes to the proxy,
+which retries or gives up as for any attempt.
 
 The predicted p95 TTFT (the core's ``hedge_after_s``) is the predictor's *uncalibrated* TTFT
 of the call on that endpoint (its queue and prefill as a healthy engine would serve them)
@@ -114,11 +114,16 @@ class Hedging:
             self._calls[id(call)] = _Call(candidates, on_attempt)
 
     def end(self, call: CallState) -> None:
-        """The call is over: release the budget slots its hedges held."""
-        state = self._calls.pop(id(call), None)
-        if state is not None:
-            for _ in range(state.slots):
-                self._rel.release(call.ctx)
+        """The call is over."""
+        self._calls.pop(id(call), None)
+
+    def _release_slots(self, call: CallState, state: _Call) -> None:
+        """The race is over: one attempt is left, so its hedges no longer count as extra
+        attempts against the retry budget (held for the whole call, they starved the
+        retries and resumptions of other calls in the cascade benchmark)."""
+        for _ in range(state.slots):
+            self._rel.release(call.ctx)
+        state.slots = 0
 
     def settle(self, call: CallState) -> HedgeMove | None:
         """The attempt the proxy started is over: where it ended up, if a hedge moved it."""
@@ -337,6 +342,7 @@ class _Race:
                 self.h._retire(call, racer, FailureKind.CANCELLED, lost=True)
         if not current.task.done():  # the handler was cancelled (the client left)
             _cancel(current.task)
+        self.h._release_slots(call, self.state)
         if current is not self.first:
             call.ex.endpoint = current.endpoint
             call.attempt_started_s = current.started_s
