@@ -1,7 +1,7 @@
 """Autoscaling benchmark (issue 9) in the simulator: inferplane's loop vs a peak-sized fleet vs
 a queue-length loop, on a diurnal agentic workload with a 5x burst.
 
-Workload: agentic tasks (10-20 calls with tool pauses, a shared system prompt and a growing
+Workload: agentic tasks (6-12 calls with tool pauses, a shared system prompt and a growing
 context) whose task starts follow a diurnal curve compressed into ``--day-s`` seconds (trough
 at the start, peak at mid-day, peak/trough 4x), plus a burst: for ``--burst-s`` seconds from
 ``--burst-at`` of the day, four times as many users again (5x the curve), unannounced. One
@@ -16,7 +16,8 @@ sizing policy, so the sizing is the only difference). Three ways to size the poo
   per second over the replica's sustainable tokens/s at the target utilisation); the peak
   call rate and the work per call are measured in the inferplane run;
 * ``queue-hpa``: production-stack's KEDA rule (REFERENCE section 5) as an HPA evaluates it:
-  desired = ceil(waiting calls / 5 per replica), 300 s scale-down stabilisation, through the
+  desired = ceil(waiting calls / 5 per replica), scale-down stabilised over the same window
+  as the loop's (``--down-window-s``: the HPA's 300 s, compressed with the day), through the
   same actuator (cold starts, drains).
 
 Every replica costs from start to stop (warming and draining too). Reports SLO attainment
@@ -61,8 +62,9 @@ def fleet_config(replicas: int, args: argparse.Namespace) -> FleetConfig:
         for i in range(replicas)
     ]  # fmt: skip
     pool = {"model": POOL, "gpus": ["h100"], "min_replicas": args.min_replicas,
-            "max_replicas": args.max_replicas,
-            "target_utilisation": TARGET_UTILISATION}  # fmt: skip
+            "max_replicas": args.max_replicas, "target_utilisation": TARGET_UTILISATION,
+            "scale_down_window_s": args.down_window_s,
+            "scale_down_cooldown_s": args.down_window_s / 2}  # fmt: skip
     return parse_config(
         {"gateway": {"auth": {"mode": "anonymous"}}, "endpoints": endpoints,
          "autoscale": {"enabled": True, "tick_s": args.tick_s, "pools": [pool]}}
@@ -73,7 +75,7 @@ def agents(name: str, users: int, args: argparse.Namespace, **window: float) -> 
     day = args.day_s
     return {
         "name": name, "kind": "agentic", "priority": "standard", "users": users,
-        "tasks_per_user_per_hour": args.tasks_per_user_per_hour, "calls_per_task": [10, 20],
+        "tasks_per_user_per_hour": args.tasks_per_user_per_hour, "calls_per_task": [6, 12],
         "system_prompt_tokens": 1000, "first_input_tokens": {"median": 600, "p99": 2500},
         "tool_result_tokens": {"median": 600, "p99": 3000},
         "output_tokens": {"median": 400, "p99": 1500}, "tool_pause_s": 1.0,
@@ -213,11 +215,17 @@ def plot(results: list[dict[str, Any]], path: Path, title: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--day-s", type=float, default=1200.0, help="length of the day")
+    parser.add_argument("--day-s", type=float, default=600.0, help="length of the day")
     parser.add_argument("--users", type=int, default=100, help="agent users at the mean rate")
     parser.add_argument("--tasks-per-user-per-hour", type=float, default=30.0)
     parser.add_argument("--burst-at", type=float, default=0.3, help="fraction of the day")
-    parser.add_argument("--burst-s", type=float, default=120.0)
+    parser.add_argument("--burst-s", type=float, default=60.0)
+    parser.add_argument(
+        "--down-window-s",
+        type=float,
+        default=60.0,
+        help="scale-down stabilisation of both loops (a compressed day)",
+    )
     parser.add_argument("--slo-ttft-s", type=float, default=3.0)
     parser.add_argument("--slo-e2e-s", type=float, default=60.0)
     parser.add_argument("--tick-s", type=float, default=15.0)

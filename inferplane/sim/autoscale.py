@@ -87,11 +87,12 @@ class QueueRule:
     KEDA's Prometheus scaler on ``vllm:num_requests_waiting`` with an average-value target:
     desired = ceil(waiting calls / target per replica), bounded by min and max; scale-up is
     immediate, scale-down follows the largest desired count of the stabilisation window
-    (the HPA's default 300 s). One GPU type: the pool's first.
+    (the HPA's default 300 s; None: the pool's ``scale_down_window_s``, the window the core's
+    loop uses, so a compressed day compresses both alike). One GPU type: the pool's first.
     """
 
     target_waiting_per_replica: float = 5.0
-    stabilisation_s: float = 300.0
+    stabilisation_s: float | None = None
 
     def desired(
         self,
@@ -102,7 +103,10 @@ class QueueRule:
     ) -> int:
         raw = math.ceil(waiting_calls / self.target_waiting_per_replica - 1e-9)
         history.append((now, min(policy.max_replicas, max(policy.min_replicas, raw))))
-        while history and history[0][0] < now - self.stabilisation_s:
+        window_s = (
+            policy.scale_down_window_s if self.stabilisation_s is None else self.stabilisation_s
+        )
+        while history and history[0][0] < now - window_s:
             history.popleft()
         return max(n for _, n in history)
 

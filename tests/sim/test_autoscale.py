@@ -6,6 +6,8 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from inferplane.config import FleetConfig, parse_config
 from inferplane.core.autoscaler import PoolPolicy, ScheduleForecast
 from inferplane.engine.sizing import gpu_option
@@ -67,6 +69,7 @@ def step_scenario() -> Scenario:
     return scenario(60, chat("base", 0.5), chat("step", 8.0, start_s=STEP_S))
 
 
+@pytest.mark.slow
 def test_scales_up_ahead_of_a_forecast_step_by_the_cold_start() -> None:
     cold_s = gpu_option(MODEL, "h100").cold_start_s
     forecast = ScheduleForecast(((0.0, 0.5 * WORK_TOKENS), (STEP_S, 8.5 * WORK_TOKENS)))
@@ -96,6 +99,7 @@ def test_scale_down_drains_without_failing_calls() -> None:
     assert sim.fleet.by_name["h100-0"].stopped_s is None
 
 
+@pytest.mark.slow
 def test_replicas_stay_within_min_and_max() -> None:
     sc = scenario(60, chat("flood", 12.0, stop_s=30))
     for mode in ("inferplane", "queue-hpa"):
@@ -109,6 +113,7 @@ def test_replicas_stay_within_min_and_max() -> None:
         assert 2 <= len(live) <= 4
 
 
+@pytest.mark.slow
 def test_same_seed_same_run_and_spend_adds_up() -> None:
     sc = scenario(80, chat("busy", 8.0, stop_s=30), chat("trickle", 0.3))
     a, b = run(sc, fleet(1), "inferplane"), run(sc, fleet(1), "inferplane")
