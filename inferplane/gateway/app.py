@@ -322,7 +322,8 @@ class Gateway:
             if retry_reason is not None:
                 self.recorder.on_retry(retry_reason)
             self.recorder.on_attempt(ctx, endpoint, now)
-            router.on_dispatch(key, calls[endpoint], self.tracker.view(endpoint, now), now)
+            view = self.tracker.view(endpoint, now)
+            ex.dispatch_estimate = router.on_dispatch(key, calls[endpoint], view, now)
 
         self._in_flight += 1
         try:

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from inferplane.core.predictor import LatencyEstimate
+
 __all__ = ["FALLBACK_HEADER", "MODEL_HEADER", "Candidate", "Exchange", "Finisher"]
 
 #: The model that served the call (a route's fallback target when it fell back).
@@ -43,6 +45,9 @@ class Exchange:
     wasted_prefill_tokens: int = 0
     #: Streams resumed on another endpoint after a break.
     resumptions: int = 0
+    #: The prediction routing tracked the current attempt against (set at dispatch, taken
+    #: by the proxy for the breaker, so one attempt is predicted once).
+    dispatch_estimate: LatencyEstimate | None = None
     #: The model each candidate endpoint serves the call as (a route may fall back).
     model_of: dict[str, str] = field(default_factory=dict)
     #: The route's first target model; serving another one is a fallback.

@@ -244,7 +244,8 @@ class Proxy:
         self._tracker.acquire(name)
         rel.dispatch(name)
         started_s = call.attempt_started_s = self._clock()
-        predicted = rel.predict(name, call.ctx, started_s)
+        estimate, ex.dispatch_estimate = ex.dispatch_estimate, None
+        predicted = rel.predict(name, call.ctx, started_s, estimate)
         if call.events is not None:
             call.events.new_segment(started_s)
         failure: FailureKind | None = FailureKind.CANCELLED

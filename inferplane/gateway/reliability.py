@@ -35,7 +35,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from inferplane.core.breaker import BreakerBoard, BreakerEvent, BreakerState, Outcome
-from inferplane.core.predictor import LatencyPredictor
+from inferplane.core.predictor import LatencyEstimate, LatencyPredictor
 from inferplane.core.retry import Failure, FailureKind, RetryBudget, RetryDecision
 from inferplane.core.throttle import AdaptiveThrottle
 from inferplane.core.types import CallContext, EndpointState
@@ -147,14 +147,21 @@ class Reliability:
         return self.board.overlay([view])[0].state is not EndpointState.EJECTED
 
     def predict(
-        self, endpoint: str, ctx: RequestContext, now: float
+        self,
+        endpoint: str,
+        ctx: RequestContext,
+        now: float,
+        estimate: LatencyEstimate | None = None,
     ) -> tuple[float | None, float | None]:
-        """The uncalibrated (TTFT, TPOT) predicted for ``ctx`` on ``endpoint`` now; the
-        attempt is watched until ``record`` (called from the same task) ends it."""
+        """The uncalibrated (TTFT, TPOT) predicted for ``ctx`` on ``endpoint`` now (routing's
+        ``estimate`` at dispatch when given, not computed twice); the attempt is watched
+        until ``record`` (called from the same task) ends it."""
         if self.predictor is None:
             return None, None
-        view = self._tracker.view(endpoint, now)
-        est = self.predictor.predict(view, ctx.model, ctx.num_prompt_tokens, now)
+        est = estimate
+        if est is None:
+            view = self._tracker.view(endpoint, now)
+            est = self.predictor.predict(view, ctx.model, ctx.num_prompt_tokens, now)
         task = _current_task()
         if task is not None and self.config.breaker.enabled:
             total = None

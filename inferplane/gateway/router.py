@@ -31,7 +31,7 @@ from typing import Any
 
 from inferplane.config import FleetConfig
 from inferplane.core.affinity import AffinityTable
-from inferplane.core.predictor import LatencyPredictor
+from inferplane.core.predictor import LatencyEstimate, LatencyPredictor
 from inferplane.core.prefix_index import IndexSource, PrefixIndex, PrefixIndexConfig, block_keys
 from inferplane.core.routing import route
 from inferplane.core.types import CallContext, EndpointView, RouteDecision
@@ -154,8 +154,11 @@ class GatewayRouter:
         )
         return decision
 
-    def on_dispatch(self, key: str, call: CallContext, view: EndpointView, now: float) -> None:
-        """``call`` (tracked as ``key``) is sent to ``view``'s endpoint now."""
+    def on_dispatch(
+        self, key: str, call: CallContext, view: EndpointView, now: float
+    ) -> LatencyEstimate:
+        """``call`` (tracked as ``key``) is sent to ``view``'s endpoint now; returns the
+        prediction it is tracked against (the breaker judges the attempt by it too)."""
         name = view.name
         cached = 0
         keys = call.prompt_block_keys
@@ -174,6 +177,7 @@ class GatewayRouter:
         uncached = max(0, call.num_prompt_tokens - cached)
         estimate = self.predictor.predict(view, call.model, uncached, now)
         self.predictor.on_dispatch(key, name, uncached, estimate)
+        return estimate
 
     def on_first_token(self, key: str, ttft_s: float, now: float) -> None:
         self.predictor.on_first_token(key, ttft_s, now)
