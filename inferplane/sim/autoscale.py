@@ -38,6 +38,7 @@ from inferplane.core.autoscaler import (
     PoolPolicy,
     ScaleDecision,
 )
+from inferplane.core.types import EndpointView
 from inferplane.engine.types import EngineEvent, EngineState, RequestFinished
 from inferplane.gateway.observability_config import AutoscaleConfig
 from inferplane.sim.events import EventKind, EventQueue
@@ -252,6 +253,9 @@ class Scaling:
     def _on_sample(self, _: object = None) -> None:
         raise NotImplementedError
 
+    def _views(self, now: float) -> list[EndpointView]:
+        raise NotImplementedError
+
     def _sense_arrival(self, call: Call) -> None:
         if self.scaler is not None and call.attempt == 0:
             self.scaler.on_arrival(call.info.targets[0])
@@ -281,7 +285,7 @@ class Scaling:
         scaler = self.scaler
         assert scaler is not None
         now = self.q.now_s
-        self.fleet.views(now)  # the scrape the gateway would have, when one is due
+        self._views(now)  # engines caught up, and the scrape the gateway would have when due
         counts = {pool: self._pool_counts(pool) for pool in scaler.policies}
         queued: dict[str, int] = {}
         for call in self._queued.values():
