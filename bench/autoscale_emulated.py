@@ -20,7 +20,7 @@ SLO attainment (streamed calls with a first token within ``--slo-ttft-s`` and do
 bench/results/autoscale-emulated.json and .png. The engines, the gateway and the load share
 this machine's cores, so the numbers carry the machine's load (printed with them).
 
-Run: ``python bench/autoscale_emulated.py [--duration-s 240]``.
+Run: ``python bench/autoscale_emulated.py [--duration-s 300] [--time-scale 2]``.
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ class Driver:
                 self.tasks_failed += 1
                 return
             messages += [{"role": "assistant", "content": self.text(60)},
-                         {"role": "user", "content": "tool result: " + self.text(250)}]  # fmt: skip
+                         {"role": "user", "content": "tool result: " + self.text(800)}]  # fmt: skip
             await asyncio.sleep(self.rng.uniform(0.2, 1.0))
         self.tasks_ok += 1
 
@@ -125,7 +125,7 @@ class Driver:
     ) -> CallResult:
         loop = asyncio.get_running_loop()
         start = loop.time()
-        body = {"model": POOL, "messages": messages, "max_tokens": 96, "stream": True,
+        body = {"model": POOL, "messages": messages, "max_tokens": 128, "stream": True,
                 "stream_options": {"include_usage": True}}  # fmt: skip
         ttft, work = None, 0
         try:
@@ -318,17 +318,17 @@ async def main_async(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--duration-s", type=float, default=240.0)
+    parser.add_argument("--duration-s", type=float, default=300.0)
     parser.add_argument("--tasks-per-s", type=float, default=0.5, help="mean task arrival rate")
     parser.add_argument("--burst-at", type=float, default=0.35, help="fraction of the run")
-    parser.add_argument("--burst-s", type=float, default=45.0)
-    parser.add_argument("--time-scale", type=float, default=1.0)
+    parser.add_argument("--burst-s", type=float, default=60.0)
+    parser.add_argument("--time-scale", type=float, default=2.0)
     parser.add_argument("--tick-s", type=float, default=5.0)
     parser.add_argument("--down-window-s", type=float, default=30.0)
-    parser.add_argument("--max-replicas", type=int, default=5)
+    parser.add_argument("--max-replicas", type=int, default=6)
     parser.add_argument("--peak-replicas", type=int, default=0, help="0: sized from the run")
-    parser.add_argument("--slo-ttft-s", type=float, default=2.0)
-    parser.add_argument("--slo-e2e-s", type=float, default=20.0)
+    parser.add_argument("--slo-ttft-s", type=float, default=3.0)
+    parser.add_argument("--slo-e2e-s", type=float, default=30.0)
     parser.add_argument("--seed", type=int, default=1)
     asyncio.run(main_async(parser.parse_args()))
 
