@@ -28,6 +28,13 @@ calls/s, errors (and their kinds), the prefix-cache hit rate the engines themsel
 the engine fleet, the gateway (``inferplane serve``) and this client.
 
     python bench/routing.py [--workload both] [--duration-s 30] [--rate 28] [--seed 7]
+        [--session-rate 6] [--time-scale 2]
+
+On a loaded machine the emulated engines fall behind real time: the ``lag`` column is the
+share of the run for which the engines' output trailed their model (timer lateness over
+elapsed time, mean over engines). ``--time-scale 2`` runs everything twice as slowly (the
+workload's timeline too) and reports model time; the gateway's own timers (scrape
+interval, speculative-insertion TTL) are not scaled.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -48,14 +56,13 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from routing_client import (
-    KV_HIGH,
-    KV_LOW,
     CallResult,
     Send,
     measure,
     run_agentic,
     run_prefix,
 )
+from routing_report import ENGINES, GPU, MODEL, TP, table
 from routing_workloads import (
     AgentShape,
     SentCall,
@@ -69,7 +76,6 @@ from routing_workloads import (
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "routing.json"
-MODEL, GPU, TP, ENGINES = "llama-3-70b", "h100", 2, 8
 POLICIES = ("precise", "approximate", "least-loaded", "round-robin")
 WORKLOADS = ("prefix", "agentic")
 
@@ -250,7 +256,7 @@ def run_policy(policy: str, workload: str, args: argparse.Namespace) -> dict[str
         load_before = os.getloadavg()[0]
         mark = fleet.lateness()
         runner = workload_runner(workload, args, sent)
-        row = asyncio.run(measure(engine_urls, runner, targets, args.time_scale))
+        row = asyncio.run(measure(engine_urls, runner, targets, args.time_scale, args.retries))
         row.update(lag_summary(mark, fleet.lateness()))
         row["load_1m"] = [load_before, os.getloadavg()[0]]
         if workload == "agentic":
@@ -259,6 +265,8 @@ def run_policy(policy: str, workload: str, args: argparse.Namespace) -> dict[str
             row["sessions_ok"] = sum(
                 1 for calls in sent if calls and all(c.answer is not None for c in calls)
             )  # a session stops at its first failure, so complete == all answered
+            failed_at = Counter(len(calls) for calls in sent if calls and calls[-1].answer is None)
+            row["sessions_failed_at_step"] = dict(sorted(failed_at.items()))
         if gateway is not None:
             row["gateway_metrics"] = asyncio.run(_gateway_counters(targets[0]))
             if row["errors"]:
@@ -269,82 +277,6 @@ def run_policy(policy: str, workload: str, args: argparse.Namespace) -> dict[str
             gateway.terminate()
             gateway.wait(10)
         fleet.close()
-
-
-def verdicts(results: dict[str, dict[str, Any]]) -> list[str]:
-    """PASS/MISS lines for issue 4's three targets (precise routing against the others)."""
-    lines: list[str] = []
-    pr, rr = results.get("precise"), results.get("round-robin")
-    if pr and rr and pr["ttft_p90_s"] is not None and rr["ttft_p90_s"] is not None:
-        ratio = pr["ttft_p90_s"] / rr["ttft_p90_s"]
-        loaded = rr["ttft_p90_s"] > 2.0
-        ok = ratio <= 0.1 and loaded
-        lines.append(
-            f"{'PASS' if ok else 'MISS'} P90 TTFT precise/round-robin = {ratio:.3f} (target"
-            f" <= 0.1) at round-robin P90 {rr['ttft_p90_s']:.2f} s"
-            f"{'' if loaded else ' (round-robin P90 under 2 s: load too low)'}"
-        )
-    if pr:
-        oracle = pr["oracle_hit_rate"]
-        ok = pr["prefix_hit_rate"] >= 0.9 * oracle
-        lines.append(
-            f"{'PASS' if ok else 'MISS'} precise hit rate {pr['prefix_hit_rate']:.1%} vs oracle"
-            f" {oracle:.1%} (target >= 90% of oracle: {0.9 * oracle:.1%})"
-        )
-        ok = pr["kv_imbalanced_samples"] == 0
-        lines.append(
-            f"{'PASS' if ok else 'MISS'} precise KV balance: {pr['kv_imbalanced_samples']} of"
-            f" {pr['kv_samples']} samples with one engine > {KV_HIGH:.0%} and another"
-            f" < {KV_LOW:.0%} (target 0)"
-        )
-    return lines
-
-
-def _title(workload: str, args: argparse.Namespace) -> str:
-    fleet = (f"{ENGINES} x {MODEL} on {TP}x{GPU} (emulated, time scale {args.time_scale:g}),"
-             f" seed {args.seed}, {os.cpu_count()} CPUs")  # fmt: skip
-    if workload == "prefix":
-        return (f"prefix workload: {args.tenants} tenants x ~{args.prefix_words}-word prefix,"
-                f" {args.rate:g} calls/s for {args.duration_s:g} s; {fleet}")  # fmt: skip
-    return (f"agentic workload: {args.session_rate:g} sessions/s for {args.duration_s:g} s,"
-            f" {args.agent_steps} steps, {args.agent_kinds} agent kinds x"
-            f" ~{args.agent_system_words}-word system prompt, tool results {args.tool_words}"
-            f" words, tool pause ~{args.tool_pause_s:g} s; {fleet}")  # fmt: skip
-
-
-def table(workload: str, results: dict[str, dict[str, Any]], args: argparse.Namespace) -> list[str]:
-    def ms(v: float | None) -> str:
-        return "-" if v is None else f"{1e3 * v:.0f}"
-
-    lines = [
-        _title(workload, args),
-        f"{'policy':<14}{'TTFT p50 ms':>12}{'p90 ms':>9}{'p99 ms':>9}{'done/s':>8}"
-        f"{'errors':>7}{'hit':>7}{'oracle':>7}{'KV max':>7}{'spread':>7}{'imbal':>9}{'lag':>6}",
-    ]
-    for policy, r in results.items():
-        lines.append(
-            f"{policy:<14}{ms(r['ttft_p50_s']):>12}{ms(r['ttft_p90_s']):>9}"
-            f"{ms(r['ttft_p99_s']):>9}{r['completed_per_s']:>8.2f}{r['errors']:>7}"
-            f"{r['prefix_hit_rate']:>7.1%}{r['oracle_hit_rate']:>7.1%}{r['kv_max_usage']:>7.0%}"
-            f"{r['kv_spread_max']:>7.0%}{r['kv_imbalanced_samples']:>4}/{r['kv_samples']:<4}"
-            f"{r['fleet_lag_mean']:>6.0%}"
-        )
-    for policy, r in results.items():
-        lines.append(
-            f"  {policy}: calls per engine {r['engine_requests']}, preemptions"
-            f" {r['preemptions']}, uncached prefill tokens per engine max/mean"
-            f" {_max_over_mean(r['engine_uncached_tokens']):.2f}"
-        )
-        if r["error_kinds"]:
-            lines.append(f"  {policy} errors: {r['error_kinds']}")
-        if "sessions" in r:
-            lines.append(f"  {policy}: {r['sessions_ok']}/{r['sessions']} sessions completed")
-    return lines + verdicts(results)
-
-
-def _max_over_mean(values: list[int]) -> float:
-    mean = sum(values) / len(values) if values else 0.0
-    return max(values) / mean if mean else 0.0
 
 
 def main() -> None:
@@ -412,6 +344,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--policies", default=",".join(POLICIES))
     p.add_argument("--out", default=str(RESULTS))
+    p.add_argument("--retries", type=int, default=2, help="429 retries per call (Retry-After)")
     prefix = p.add_argument_group("prefix workload")
     prefix.add_argument("--rate", type=float, default=6.0, help="calls/s")
     prefix.add_argument("--tenants", type=int, default=16)

@@ -16,7 +16,7 @@ import re
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import aiohttp
@@ -33,15 +33,18 @@ _COUNTER = re.compile(rf"^vllm:({'|'.join(_COUNTERS)})_total(?:\{{[^}}]*\}})? ([
 _KV = re.compile(r"^vllm:kv_cache_usage_perc(?:\{[^}]*\})? ([0-9.e+-]+)$", re.M)
 KV_HIGH, KV_LOW = 0.9, 0.3  # issue 4: no replica above 90% while another sits under 30%
 CLIENT_TIMEOUT_S = 120.0
+MAX_RETRY_WAIT_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
 class CallResult:
     """One streamed call: TTFT and answer when it succeeded, else why it failed."""
 
-    ttft_s: float | None
+    ttft_s: float | None  # from the first attempt, retries and their waits included
     text: str
     error: str | None  # "http 429 <code>", "sse <code>", "client timeout", an exception name
+    retry_after_s: float | None = None  # a 429's Retry-After (the client may try again)
+    rejected: int = 0  # 429s this call got before this outcome (each retried)
 
 
 def _error_code(raw: bytes) -> str:
@@ -51,17 +54,30 @@ def _error_code(raw: bytes) -> str:
     return "-"
 
 
+def _retry_after_s(resp: aiohttp.ClientResponse) -> float | None:
+    if resp.status != 429:
+        return None
+    try:
+        return max(0.0, float(resp.headers.get("Retry-After", "1")))
+    except ValueError:
+        return 1.0
+
+
 async def stream_call(
-    session: aiohttp.ClientSession, url: str, body: dict[str, Any], headers: dict[str, str]
+    session: aiohttp.ClientSession,
+    url: str,
+    body: dict[str, Any],
+    headers: dict[str, str],
+    start: float,
 ) -> CallResult:
-    """Stream one chat call and time its first text token."""
-    start = time.perf_counter()
+    """Stream one chat call and time its first text token from ``start``."""
     ttft: float | None = None
     parts: list[str] = []
     try:
         async with session.post(url + "/v1/chat/completions", json=body, headers=headers) as resp:
             if resp.status != 200:
-                return CallResult(None, "", f"http {resp.status} {_error_code(await resp.read())}")
+                error = f"http {resp.status} {_error_code(await resp.read())}"
+                return CallResult(None, "", error, _retry_after_s(resp))
             async for line in resp.content:
                 if not line.startswith(b"data: {"):
                     continue
@@ -168,6 +184,7 @@ async def measure(
     run: Callable[[Send], Awaitable[list[CallResult]]],
     send_to: list[str],
     time_scale: float = 1.0,
+    retries: int = 2,
 ) -> dict[str, Any]:
     """Run a workload (``run`` gets a ``send(body, headers)``) and summarise what it got.
 
@@ -181,8 +198,16 @@ async def measure(
         counter = iter(range(1 << 62))
 
         async def send(body: dict[str, Any], headers: dict[str, str]) -> CallResult:
-            url = send_to[next(counter) % len(send_to)]
-            return await stream_call(session, url, body, headers)
+            # Like the OpenAI SDKs: a 429 is retried after its Retry-After (capped), twice
+            # by default; TTFT counts from the first attempt.
+            start = time.perf_counter()
+            for rejected in range(retries + 1):
+                url = send_to[next(counter) % len(send_to)]
+                result = await stream_call(session, url, body, headers, start)
+                if result.retry_after_s is None or rejected == retries:
+                    return replace(result, rejected=rejected + (result.retry_after_s is not None))
+                await asyncio.sleep(min(result.retry_after_s, MAX_RETRY_WAIT_S))
+            raise AssertionError("unreachable")
 
         before = await scrape_counters(session, engine_urls)
         kv_rows: list[list[float]] = []
@@ -197,6 +222,8 @@ async def measure(
         "calls": len(results),
         "errors": len(results) - len(ok),
         "error_kinds": dict(Counter(r.error for r in results if r.error is not None)),
+        "rejected_429": sum(r.rejected for r in results),
+        "retried_ok": sum(1 for r in results if r.rejected and r.error is None),
         "wall_s": wall_s,
         "completed_per_s": len(ok) / wall_s * time_scale,
         "ttft_p50_s": percentile(ok, 0.5),
