@@ -10,9 +10,13 @@ Two workloads through the gateway's :class:`ResponseCache` (in process, no HTTP)
   but different questions. Per similarity threshold: hit rate, false-hit rate (hits that served
   another question's answer), and a human-readable sample of semantic hits.
 
-Plus the embedding cost per request on this CPU (all-MiniLM-L6-v2, one sentence per call as
-the gateway embeds) and the semantic lookup time at 10,000 cached entries (target p99 < 10 ms).
-Usage: ``python bench/cache.py [--quick] [--no-redis]``; results go to bench/results/cache.json.
+Plus, on this CPU (``bench/cache_latency.py``): the embedding cost per request (all-MiniLM-L6-v2,
+one sentence per call as the gateway embeds; the plain ``transformers`` reference and the fast
+path, interleaved), the nearest-neighbour step, and the whole semantic lookup at 10,000 cached
+entries (target p99 < 10 ms), alone and 8 at a time with and without micro-batching. The FAQ
+workload runs with both embedders, so any change in hit or false-hit rate shows.
+Usage: ``python bench/cache.py [--quick] [--no-redis] [--variants]``; results go to
+bench/results/cache.json.
 """
 
 from __future__ import annotations
@@ -27,10 +31,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import cache_latency as lat  # beside this script
 import numpy as np
 from cache_faq import DISTRACTORS, FAQ  # beside this script
 
-from inferplane.cache.embedder import MiniLmEmbedder
+from inferplane.cache.embedder import Embedder
+from inferplane.cache.embedder_reference import ReferenceMiniLmEmbedder
 from inferplane.core.cache_config import (
     CacheBackendKind,
     CacheConfig,
@@ -131,7 +137,7 @@ async def run_eval(backend: CacheBackendKind, n: int, seed: int) -> dict[str, An
 class MemoEmbedder:
     """The real model, remembering vectors so each threshold run embeds nothing twice."""
 
-    def __init__(self, model: MiniLmEmbedder) -> None:
+    def __init__(self, model: Embedder) -> None:
         self.model = model
         self.memo: dict[str, np.ndarray] = {}
 
@@ -202,15 +208,6 @@ async def run_faq(
     }  # fmt: skip
 
 
-def timed_embeddings(model: MiniLmEmbedder, texts: Sequence[str]) -> list[float]:
-    out: list[float] = []
-    for text in texts:
-        start = time.perf_counter()
-        model.embed([text])
-        out.append(1e3 * (time.perf_counter() - start))
-    return out
-
-
 def index_lookup_ms(rows: int, queries: int, seed: int) -> list[float]:
     rng = np.random.default_rng(seed)
     index = SemanticIndex(384, rows, rows)
@@ -228,6 +225,38 @@ def index_lookup_ms(rows: int, queries: int, seed: int) -> list[float]:
 # ---- report -----------------------------------------------------------------------------------
 
 
+def print_faq(rows: list[dict[str, Any]], embedder: str) -> None:
+    print(f"\n## Semantic cache, FAQ workload ({embedder})")
+    print("| threshold | asks | hit rate | exact | semantic | false hits | false-hit rate "
+          "| paraphrase recall |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['threshold']:.2f} | {r['asks']} | {r['hit_rate']:.1%} | "
+              f"{r['exact_hits']} | {r['semantic_hits']} | {r['false_hits']} | "
+              f"{r['false_hit_rate']:.1%} | {r['paraphrase_recall']:.1%} |")  # fmt: skip
+
+
+def print_latency(result: dict[str, Any]) -> None:
+    print("\n## Embedding one user turn on this CPU (interleaved, same texts; ms)")
+    print("| embedder | wall p50 | wall p99 | CPU p50 | CPU p99 |")
+    print("|---|---|---|---|---|")
+    for name, e in result["embedding_ms"].items():
+        print(f"| {name} | {e['p50']:.2f} | {e['p99']:.2f} | {e['cpu_p50']:.2f} | "
+              f"{e['cpu_p99']:.2f} |")  # fmt: skip
+    s = result["index_ms"]
+    print(f"\nnearest neighbour alone, {s['rows']} rows x 384: p50 {s['p50']:.3f} ms, "
+          f"p99 {s['p99']:.3f} ms")  # fmt: skip
+    print(f"\n## Whole semantic lookup at {s['rows']:,} cached entries (exact miss + embed "
+          "+ nearest; ms; target p99 < 10)")  # fmt: skip
+    print("| embedder | clients | max batch | p50 | p99 | lookups/s | mean batch | target |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in result["lookup_ms"]:
+        verdict = ("PASS" if r["p99"] < 10.0 else "MISS") if r["clients"] == 1 else "-"
+        print(f"| {r['embedder']} | {r['clients']} | {r['max_batch']} | {r['p50']:.2f} | "
+              f"{r['p99']:.2f} | {r.get('lookups_per_s', 0):.0f} | "
+              f"{r.get('mean_batch', 1):.1f} | {verdict} |")  # fmt: skip
+
+
 def print_report(result: dict[str, Any]) -> None:
     print("\n## Exact cache, evaluation workload (30% exact repeats)")
     print("| backend | requests | hit rate | miss overhead p50 / p99 (us) | latency saved (s) "
@@ -237,23 +266,11 @@ def print_report(result: dict[str, Any]) -> None:
         print(f"| {r['backend']} | {r['requests']} | {r['hit_rate']:.1%} | "
               f"{r['miss_overhead_us_p50']:.0f} / {r['miss_overhead_us_p99']:.0f} | "
               f"{r['latency_saved_s']:.1f} | {r['gpu_seconds_saved']:.2f} |")  # fmt: skip
-    print("\n## Semantic cache, FAQ workload (40 questions x 3 phrasings + 40 distractors)")
-    print("| threshold | asks | hit rate | exact | semantic | false hits | false-hit rate "
-          "| paraphrase recall |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|")
-    for r in result["faq"]:
-        print(f"| {r['threshold']:.2f} | {r['asks']} | {r['hit_rate']:.1%} | "
-              f"{r['exact_hits']} | {r['semantic_hits']} | {r['false_hits']} | "
-              f"{r['false_hit_rate']:.1%} | {r['paraphrase_recall']:.1%} |")  # fmt: skip
-    e, s = result["embedding_ms"], result["index_ms"]
-    print("\n## Cost per request on this CPU")
-    print("| what | p50 (ms) | p99 (ms) |")
-    print("|---|---|---|")
-    print(f"| embed last user turn (MiniLM-L6, 1 thread) | {e['p50']:.2f} | {e['p99']:.2f} |")
-    print(f"| nearest neighbour, {s['rows']} rows x 384 | {s['p50']:.3f} | {s['p99']:.3f} |")
-    print(f"| semantic lookup total (embed + search) | {e['p50'] + s['p50']:.2f} | "
-          f"{e['p99'] + s['p99']:.2f} |")  # fmt: skip
-    print(f"\n(1-minute load average on this 2-core machine: {result['load_average_1m']:.1f})")
+    for name, rows in result["faq"].items():
+        print_faq(rows, name)
+    print_latency(result)
+    print(f"\n(1-minute load average on this 2-core machine: {result['load_average_1m']:.1f} "
+          f"at the start, {result['load_average_end_1m']:.1f} at the end)")  # fmt: skip
     print(f"\nSample of distinct semantic hits at threshold {result['sample_threshold']:.2f} "
           "(query -> question whose answer was served):")  # fmt: skip
     for wrong, sim, query, original in result["sample"]:
@@ -261,31 +278,58 @@ def print_report(result: dict[str, Any]) -> None:
         print(f"  {mark} {sim:.3f}  {query!r} -> {original!r}")
 
 
+async def measure_latency(args: argparse.Namespace, reference: Embedder) -> dict[str, Any]:
+    fast = lat.fast_embedder()
+    variants: dict[str, tuple[Embedder, int]] = {
+        "reference (transformers fp32)": (reference, 1),
+        f"fast ({fast.description})": (fast, 1),
+    }
+    if args.variants:
+        variants["fast, fp32 weights"] = (lat.fast_embedder(half_weights=False), 1)
+        variants["fast, eager (no TorchScript)"] = (lat.fast_embedder(compile=False), 1)
+        variants["fast, 2 torch threads"] = (fast, 2)
+    repeats = 1 if args.quick else 3
+    out: dict[str, Any] = {"embedding_ms": lat.embedding_variants(variants, repeats)}
+    index_ms = index_lookup_ms(10_000, 500 if args.quick else 2000, 2)
+    out["index_ms"] = {"rows": 10_000, "p50": pct(index_ms, 50), "p99": pct(index_ms, 99)}
+    lookups: list[dict[str, Any]] = []
+    for name, model in (("reference", reference), ("fast", fast)):
+        r = await lat.lookup_latency(model, chat, ctx_for, 10_000, repeats)
+        lookups.append({"embedder": name, "clients": 1, "max_batch": 1, **r})
+    for clients, max_batch in ((8, 1), (8, 32)):
+        r = await lat.concurrent_lookups(fast, chat, ctx_for, 10_000, clients, max_batch)
+        lookups.append({"embedder": "fast", "clients": clients, "max_batch": max_batch, **r})
+    out["lookup_ms"] = lookups
+    return out
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller workloads")
     parser.add_argument("--no-redis", action="store_true", help="skip the Redis backend")
+    parser.add_argument("--variants", action="store_true", help="also time fp32/eager/2 threads")
     args = parser.parse_args()
     n_eval, n_faq = (600, 300) if args.quick else (3000, 800)
+    load_start = os.getloadavg()[0]
     backends = [CacheBackendKind.MEMORY] + ([] if args.no_redis else [CacheBackendKind.REDIS])
     result: dict[str, Any] = {"eval": [await run_eval(b, n_eval, 1) for b in backends]}
-    model = MiniLmEmbedder(num_threads=1)
-    model.load()
-    texts = [q for group in FAQ for q in group] + list(DISTRACTORS)
-    times = timed_embeddings(model, texts)
-    result["embedding_ms"] = {"p50": pct(times, 50), "p99": pct(times, 99), "n": len(times)}
-    index_ms = index_lookup_ms(10_000, 500 if args.quick else 2000, 2)
-    result["index_ms"] = {"rows": 10_000, "p50": pct(index_ms, 50), "p99": pct(index_ms, 99)}
-    memo = MemoEmbedder(model)
+    reference = ReferenceMiniLmEmbedder(num_threads=1)
+    reference.load()
+    result.update(await measure_latency(args, reference))
     asks = faq_asks(n_faq, random.Random(3))
-    result["faq"] = [await run_faq(memo, t, asks) for t in (0.75, 0.80, 0.85, 0.90)]
-    pick = next(r for r in result["faq"] if r["threshold"] == 0.85)
+    thresholds = (0.75, 0.80, 0.85, 0.90)
+    result["faq"] = {}
+    for name, model in (("reference embedder", reference), ("fast embedder", lat.fast_embedder())):
+        memo = MemoEmbedder(model)
+        result["faq"][name] = [await run_faq(memo, t, asks) for t in thresholds]
+    pick = next(r for r in result["faq"]["fast embedder"] if r["threshold"] == 0.85)
     unique = list(dict.fromkeys((s[0], round(s[1], 3), s[2], s[3]) for s in pick["samples"]))
     wrong, right = [s for s in unique if s[0]], [s for s in unique if not s[0]]
     result["sample_threshold"], result["sample"] = 0.85, wrong[:5] + right[:7]
-    result["load_average_1m"] = os.getloadavg()[0]
-    for r in result["faq"]:
-        r.pop("samples")
+    result["load_average_1m"], result["load_average_end_1m"] = load_start, os.getloadavg()[0]
+    for rows in result["faq"].values():
+        for r in rows:
+            r.pop("samples")
     print_report(result)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2, default=str))

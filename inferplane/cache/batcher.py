@@ -2,8 +2,9 @@
 
 The semantic cache embeds one user turn per request. Two things make that cheaper under load:
 
-- *Memo*: a small LRU of recent vectors keyed by a digest of the text (16 bytes, however
-  long the text). Agents and retries re-ask the same turn under another context (system
+- *Memo*: a small LRU of recent vectors keyed by a digest of the tenant and the text (16
+  bytes, however long the text; per tenant, so no timing tells one tenant what another
+  asked). Agents and retries re-ask the same turn under another context (system
   prompt, sampling parameters) where the exact cache cannot help; those skip the model.
 - *Micro-batching*: while one embedding runs in the worker thread, requests that arrive queue
   up and go through the model together as one batch when it finishes (one pass over the
@@ -30,8 +31,13 @@ from inferplane.cache.embedder import Embedder
 Vector = npt.NDArray[np.float32]
 
 
-def text_digest(text: str) -> bytes:
-    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+def text_digest(text: str, scope: str = "") -> bytes:
+    """16 bytes naming ``text`` within ``scope`` (a tenant: the memo is not shared across)."""
+    digest = hashlib.blake2b(digest_size=16)
+    scoped = scope.encode("utf-8", "surrogatepass")
+    digest.update(len(scoped).to_bytes(8, "big") + scoped)
+    digest.update(text.encode("utf-8", "surrogatepass"))
+    return digest.digest()
 
 
 @dataclass(slots=True)
@@ -76,10 +82,11 @@ class EmbeddingBatcher:
         while len(self._memo) > self.memo_entries:
             self._memo.popitem(last=False)
 
-    async def embed(self, text: str) -> Vector:
-        """The unit vector of ``text`` (read-only; shared with the memo)."""
+    async def embed(self, text: str, scope: str = "") -> Vector:
+        """The unit vector of ``text`` (read-only). ``scope`` partitions the memo: the gateway
+        passes the tenant, so one tenant's recent questions cannot even speed up another's."""
         self.stats.requests += 1
-        digest = text_digest(text)
+        digest = text_digest(text, scope)
         vector = self._memo.get(digest)
         if vector is not None:
             self._memo.move_to_end(digest)

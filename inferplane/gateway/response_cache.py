@@ -183,9 +183,21 @@ class ResponseCache:
             batcher, _ = self._semantic()
             await asyncio.to_thread(batcher.embedder.embed, ["warm up"])
 
-    async def _embed(self, text: str) -> Vector:
+    async def _embed(self, text: str, tenant: str) -> Vector:
         batcher, _ = self._semantic()
-        return await batcher.embed(text)
+        return await batcher.embed(text, scope=tenant)
+
+    def semantic_index(self) -> SemanticIndex:
+        """The per-tenant index of embedded questions (created on first use)."""
+        return self._semantic()[1]
+
+    def embedding_stats(self) -> dict[str, int]:
+        """Memo hits and micro-batches of the embedding front (zeros before first use)."""
+        if self._batcher is None:
+            return {}
+        s = self._batcher.stats
+        return {"requests": s.requests, "memo_hits": s.memo_hits, "batches": s.batches,
+                "batched_texts": s.batched_texts, "largest_batch": s.largest_batch}  # fmt: skip
 
     # ---- lookup ----------------------------------------------------------------------------
 
@@ -213,7 +225,7 @@ class ResponseCache:
                 found.reason = "key_collision"  # another identity under this key: not served
         query, _ = semantic_query(route, ctx.tenant, ctx.model, ctx.path, body, self._hasher)
         if query is not None:
-            found.query, found.vector = query, await self._embed(query.text)
+            found.query, found.vector = query, await self._embed(query.text, ctx.tenant)
             if allowed.read:
                 await self._semantic_lookup(found, route.semantic.threshold)
         return self._counted(found)
