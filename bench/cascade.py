@@ -11,12 +11,13 @@ Load and timeouts are derived, not tuned: the fleet's capacity is the call rate 
 every engine runs a full batch (``max_num_seqs`` sequences, each a prefill and
 ``--max-tokens`` decode steps at full batch, from the engine's own performance model at
 its time scale); the offered rate is ``--load`` (70%) of it; the client timeout is
-``--timeout-x`` (4) times a call's duration on a full healthy engine. The engines are
-configured with a small ``max_num_seqs`` (``--max-num-seqs``, 16; vLLM's
-``--max-num-seqs``): with the default 256 an H100 serves ~220 calls/s of this shape and
-70% of eight of them is far beyond what one 2-core machine can stream through a Python
-gateway and clients (at the old settings, 12 calls/s, the fleet ran at ~3% of capacity,
-which is why nothing collapsed). A smaller batch keeps the knee and lets the rate be real.
+``--timeout-x`` (4) times a call's duration on a full healthy engine, and the gateway's
+stall limit a third of that. The engines are configured with a small ``max_num_seqs``
+(``--max-num-seqs``, 16; vLLM's ``--max-num-seqs``): with the default 256 an H100 serves
+~220 calls/s of this shape, and 70% of eight of them is far beyond what one 2-core machine
+can stream through a Python gateway and clients. (The earlier settings, 12 calls/s on
+256-slot engines at time scale 4, ran the fleet at 1.5% of its capacity, which is why the
+"off" run did not collapse.) A smaller batch keeps the knee and lets the rate be real.
 
 * on: the fleet config's ``reliability`` defaults (outlier ejection, retry budget with
   back-off, stream resumption, hedging of critical calls);
@@ -24,11 +25,13 @@ which is why nothing collapsed). A smaller batch keeps the knee and lets the rat
 * off: plain retries on the next endpoint before the first byte, no ejection, no budget,
   no resumption, no hedging.
 
-Admission control is ``fcfs`` in every run (``--admission`` to change it): its thresholds
-are absolute (a standard call waits while the predicted wait exceeds 1 s; standard keeps
-80% of an engine's slots free, measured for 256-slot engines), so on engines slowed 20x
-for the emulation and cut to 16 slots it would read a healthy fleet as full; it has its
-own benchmark (``bench/overload.py``). This one isolates the reliability layer.
+Admission control is ``fcfs`` in every run by default, which isolates the reliability
+layer (admission has its own benchmark, ``bench/overload.py``). Its defaults would not
+fit these engines anyway: a standard call waits while the predicted wait exceeds 1 s, and
+standard keeps 80% of an engine's slots free (measured on 256-slot engines), so on
+engines slowed 20x and cut to 16 slots it would read a healthy fleet as full.
+``--admission inferplane`` runs inferplane's rule with those two brought to these engines
+(waits in engine time, 3 of 16 slots kept for critical).
 
 Reported per window: goodput (calls completed per second), p99 client-observed TTFT,
 retries (client + gateway) as a share of calls, and the queue depth (waiting requests) of
@@ -193,6 +196,19 @@ def _reliability(mode: str) -> dict[str, Any]:
             "resumption": {"enabled": False}, "hedge": {"enabled": False}}  # fmt: skip
 
 
+def _admission(args: argparse.Namespace) -> dict[str, Any]:
+    """``fcfs``, or inferplane's rule with its absolute thresholds brought to these engines:
+    the predicted-wait limits are seconds of engine time (x the time scale), and critical
+    keeps 3 of 16 slots free (the default shares were measured on 256-slot engines)."""
+    if args.admission == "fcfs":
+        return {"mode": "fcfs"}
+    ts = args.time_scale
+    return {"mode": "inferplane", "headroom": {
+        "slot_share": {"critical": 0.0, "standard": 0.2, "sheddable": 0.25},
+        "max_wait_s": {"critical": float("inf"), "standard": 1.0 * ts, "sheddable": 0.5 * ts},
+    }}  # fmt: skip
+
+
 def _engine_size(max_num_seqs: int) -> None:
     """Engines (and the gateway's priors of them) configured with ``max_num_seqs``."""
 
@@ -216,9 +232,13 @@ def operating_point(args: argparse.Namespace) -> dict[str, float]:
     capacity = 8 * batch / call_s
     rate = args.rate or args.load * capacity
     timeout = args.client_timeout_s or args.timeout_x * call_s
+    # The gateway's stall limit also bounds the wait for the first token (an engine queue),
+    # so a fixed 2 s (0.1 s of engine time at a time scale of 20) broke queued streams.
+    stall = args.stall_s or timeout / 3
     return {
         "capacity_calls_per_s": round(capacity, 2), "rate_calls_per_s": round(rate, 2),
         "full_batch_call_s": round(call_s, 3), "client_timeout_s": round(timeout, 2),
+        "stall_s": round(stall, 2),
     }  # fmt: skip
 
 
@@ -269,12 +289,13 @@ async def run(mode: str, args: argparse.Namespace, op: dict[str, float]) -> dict
     rng = random.Random(args.seed)
     spec = EngineSpec(model=MODEL, gpu=GPU, count=8, time_scale=args.time_scale, seed=args.seed)
     async with Fleet([spec]) as fleet:
+        names = [e.name for e in fleet.engines]  # the list is emptied when the fleet stops
         cfg = parse_config({
             "gateway": {"auth": {"mode": "anonymous"}, "log_requests": False,
                         "retries_before_first_byte": 2,
-                        "timeouts": {"inter_token_s": args.stall_s}},
+                        "timeouts": {"inter_token_s": op["stall_s"]}},
             "reliability": _reliability(mode),
-            "admission": {"mode": args.admission},
+            "admission": _admission(args),
             "endpoints": [e.endpoint_config() for e in fleet.engines],
         })  # fmt: skip
         gw = Gateway(cfg)
@@ -313,7 +334,7 @@ async def run(mode: str, args: argparse.Namespace, op: dict[str, float]) -> dict
         assert gw.proxy is not None
         counts = dict(gw.proxy.reliability.counts)
         await runner.cleanup()
-    out = summary(mode, result, counts, t0, args, [e.name for e in fleet.engines])
+    out = summary(mode, result, counts, t0, args, names)
     out["client_refusals"] = dict(_STATUSES)
     out["load_average_1m"] = round(os.getloadavg()[0], 1)
     return out
@@ -329,13 +350,13 @@ def main() -> None:
     parser.add_argument("--time-scale", type=float, default=20.0)
     parser.add_argument("--timeout-x", type=float, default=4.0)
     parser.add_argument("--client-timeout-s", type=float, default=0.0, help="0: --timeout-x")
-    parser.add_argument("--stall-s", type=float, default=2.0)
+    parser.add_argument("--stall-s", type=float, default=0.0, help="0: client timeout / 3")
     parser.add_argument("--slow-at-s", type=float, default=15.0)
     parser.add_argument("--crash-at-s", type=float, default=45.0)
     parser.add_argument("--window-s", type=float, default=10.0)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--modes", default="on,off")
-    parser.add_argument("--admission", default="fcfs", help="admission mode (both runs)")
+    parser.add_argument("--admission", default="fcfs", choices=["fcfs", "inferplane"])
     args = parser.parse_args()
     op = operating_point(args)
     print("operating point:", op)
