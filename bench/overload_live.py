@@ -30,7 +30,7 @@ Targets at 2x and 5x: critical SLO >= 99%, good tasks per GPU-hour >= 2x FCFS, c
 good task <= 0.6x FCFS. The 1x rate is the knee of this fleet under FCFS, found with the
 simulator (``--scan``). Writes bench/results/overload-live.json.
 
-    python bench/overload_live.py [--duration-s 60] [--loads 1,2,5]
+    python bench/overload_live.py [--duration-s 60] [--time-scale 3] [--loads 2,5,1]
     python bench/overload_live.py --scan 2,3,4,5 --duration-s 120   # simulator, FCFS knee
 """
 
@@ -348,7 +348,7 @@ def scan(args: argparse.Namespace) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration-s", type=float, default=60.0)
-    parser.add_argument("--time-scale", type=float, default=1.0)
+    parser.add_argument("--time-scale", type=float, default=3.0)
     parser.add_argument("--seed", type=int, default=3)
     parser.add_argument("--loads", default="1,2,5")
     parser.add_argument("--policies", default=",".join(overload.POLICIES))
@@ -364,19 +364,18 @@ def main() -> int:
                            "verdicts": {}}  # fmt: skip
     for load_x in (float(x) for x in args.loads.split(",")):
         key = f"{load_x:g}x"
-        runs = {}
+        runs = doc["runs"][key] = {}
         for policy in policies:
             runs[policy] = asyncio.run(run_policy(policy, load_x, args))
             print(f"{key} {policy}: {runs[policy]['wall_s']:.0f} s wall", file=sys.stderr)
-        doc["runs"][key] = runs
         if "fcfs" in runs:
             doc["verdicts"][key] = {
                 p: overload.verdict(runs[p], runs["fcfs"], load_x) for p in policies
             }
+        args.out.parent.mkdir(parents=True, exist_ok=True)  # after every load: partial results
+        args.out.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     if all("fcfs" in r for r in doc["runs"].values()):
         overload.print_tables(doc, wait_label="TTFT p99 s")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     return 0
 
 
