@@ -285,7 +285,8 @@ async def measure_latency(args: argparse.Namespace, reference: Embedder) -> dict
         f"fast ({fast.description})": (fast, 1),
     }
     if args.variants:
-        variants["fast, fp32 weights"] = (lat.fast_embedder(half_weights=False), 1)
+        variants["fast, fp32 weights"] = (lat.fast_embedder(precision="fp32"), 1)
+        variants["fast, int8 (opt-in, lossy)"] = (lat.fast_embedder(precision="int8"), 1)
         variants["fast, eager (no TorchScript)"] = (lat.fast_embedder(compile=False), 1)
         variants["fast, 2 torch threads"] = (fast, 2)
     repeats = 1 if args.quick else 3
@@ -319,7 +320,12 @@ async def main() -> None:
     asks = faq_asks(n_faq, random.Random(3))
     thresholds = (0.75, 0.80, 0.85, 0.90)
     result["faq"] = {}
-    for name, model in (("reference embedder", reference), ("fast embedder", lat.fast_embedder())):
+    embedders: list[tuple[str, Embedder]] = [
+        ("reference embedder", reference), ("fast embedder", lat.fast_embedder())
+    ]  # fmt: skip
+    if args.variants:
+        embedders.append(("int8 embedder, opt-in", lat.fast_embedder(precision="int8")))
+    for name, model in embedders:
         memo = MemoEmbedder(model)
         result["faq"][name] = [await run_faq(memo, t, asks) for t in thresholds]
     pick = next(r for r in result["faq"]["fast embedder"] if r["threshold"] == 0.85)

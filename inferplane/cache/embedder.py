@@ -60,20 +60,21 @@ def _set_torch_threads(torch: Any, num_threads: int | None) -> None:
 class MiniLmEmbedder:
     """all-MiniLM-L6-v2 on the CPU; thread-safe; loads itself on first use.
 
-    ``half_weights``: None picks fp16-packed weights where the CPU supports them; ``compile``
-    False runs the network eagerly (for comparison).
+    ``precision``: a :class:`inferplane.cache.minilm.Precision` value ("fp32", "fp16-weights",
+    "int8"); None picks fp16-packed weights where the CPU has them. ``compile`` False runs the
+    network eagerly (for comparison).
     """
 
     def __init__(
         self,
         num_threads: int | None = 1,
         batch_size: int = 64,
-        half_weights: bool | None = None,
+        precision: str | None = None,
         compile: bool = True,
     ) -> None:
         self._num_threads = num_threads
         self._batch_size = max(1, batch_size)
-        self._half_weights = half_weights
+        self._precision = precision
         self._compile = compile
         self._encoder: Any = None
         self._tokenizer: Any = None
@@ -109,9 +110,8 @@ class MiniLmEmbedder:
                 ) from exc
             _set_torch_threads(torch, self._num_threads)
             path = Path(package.get_model_path())
-            encoder, max_positions, kind = minilm.load_encoder(
-                path, self._half_weights, self._compile
-            )
+            precision = None if self._precision is None else minilm.Precision(self._precision)
+            encoder, max_positions, kind = minilm.load_encoder(path, precision, self._compile)
             self._max_tokens = min(MINILM_MAX_TOKENS, max_positions)
             tokenizer = tokenizers.Tokenizer.from_file(str(path / "tokenizer.json"))
             tokenizer.no_padding()

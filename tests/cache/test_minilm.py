@@ -75,7 +75,7 @@ def test_long_text_is_truncated_at_the_model_limit(
 
 
 def test_float32_eager_fallback_matches_the_reference(reference: ReferenceMiniLmEmbedder) -> None:
-    plain = MiniLmEmbedder(num_threads=1, half_weights=False, compile=False)
+    plain = MiniLmEmbedder(num_threads=1, precision="fp32", compile=False)
     plain.load()
     assert "fp32, eager" in plain.description
     got, want = plain.embed(TEXTS), reference.embed(TEXTS)
