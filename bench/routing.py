@@ -68,6 +68,7 @@ from routing_workloads import (
     SentCall,
     agent_sessions,
     agent_system_prompt,
+    lru_hit_rate,
     oracle_hit_rate,
     prefix_calls,
     prefix_messages,
@@ -167,10 +168,11 @@ def workload_runner(
     return lambda send: run_agentic(send, agents, kinds, MODEL, max_tokens, sent, scale)
 
 
-def prefix_oracle(args: argparse.Namespace) -> float:
+def prefix_sent(args: argparse.Namespace) -> list[SentCall]:
+    """The prefix workload's calls as sent (at their arrival times; answers never reused)."""
     prompts = [tenant_prompt(i, args.prefix_words) for i in range(args.tenants)]
     calls = prefix_calls(args.seed, args.rate, args.duration_s, args.tenants)
-    return oracle_hit_rate(SentCall(prefix_messages(prompts[t], q), None) for _, t, q in calls)
+    return [SentCall(prefix_messages(prompts[t], q), None, s, s) for s, t, q in calls]
 
 
 def _free_port() -> int:
@@ -260,7 +262,9 @@ def run_policy(policy: str, workload: str, args: argparse.Namespace) -> dict[str
         row.update(lag_summary(mark, fleet.lateness()))
         row["load_1m"] = [load_before, os.getloadavg()[0]]
         if workload == "agentic":
-            row["oracle_hit_rate"] = oracle_hit_rate(c for calls in sent for c in calls)
+            calls = [c for session_calls in sent for c in session_calls]
+            row["oracle_hit_rate"] = oracle_hit_rate(calls)
+            row["lru_hit_rate"] = lru_hit_rate(calls, row["fleet_kv_blocks"])
             row["sessions"] = len(sent)
             row["sessions_ok"] = sum(
                 1 for calls in sent if calls and all(c.answer is not None for c in calls)
@@ -290,12 +294,16 @@ def main() -> None:
     payload: dict[str, Any] = {"args": vars(args), "uptime": _uptime(), "workloads": {}}
     lines: list[str] = []
     for workload in workloads:
-        oracle = prefix_oracle(args) if workload == "prefix" else None
+        prefix = prefix_sent(args) if workload == "prefix" else []
+        refs: dict[int, dict[str, float]] = {}
         results = {}
         for policy in args.policies.split(","):
             results[policy] = run_policy(policy, workload, args)
-            if oracle is not None:
-                results[policy]["oracle_hit_rate"] = oracle
+            blocks = results[policy]["fleet_kv_blocks"]
+            if prefix and blocks not in refs:  # the calls are fixed: once per fleet size
+                refs[blocks] = {"oracle_hit_rate": oracle_hit_rate(prefix),
+                                "lru_hit_rate": lru_hit_rate(prefix, blocks)}  # fmt: skip
+            results[policy].update(refs.get(blocks, {}) if prefix else {})
             print(f"{workload}: {policy} done", file=sys.stderr, flush=True)
         rows = table(workload, results, args)
         payload["workloads"][workload] = {"results": results, "table": rows}

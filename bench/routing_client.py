@@ -30,6 +30,7 @@ from routing_workloads import (
 
 _COUNTERS = ("prefix_cache_hits", "prefix_cache_queries", "request_success", "num_preemptions")
 _COUNTER = re.compile(rf"^vllm:({'|'.join(_COUNTERS)})_total(?:\{{[^}}]*\}})? ([0-9.e+]+)$", re.M)
+_BLOCKS = re.compile(r'^vllm:cache_config_info\{[^}]*num_gpu_blocks="(\d+)"', re.M)
 _KV = re.compile(r"^vllm:kv_cache_usage_perc(?:\{[^}]*\})? ([0-9.e+-]+)$", re.M)
 KV_HIGH, KV_LOW = 0.9, 0.3  # issue 4: no replica above 90% while another sits under 30%
 CLIENT_TIMEOUT_S = 120.0
@@ -134,6 +135,16 @@ def counter_summary(
     }
 
 
+async def fleet_kv_blocks(session: aiohttp.ClientSession, urls: list[str]) -> int:
+    """The KV blocks of all the engines together (``vllm:cache_config_info``)."""
+    total = 0
+    for url in urls:
+        async with session.get(url + "/metrics") as resp:
+            match = _BLOCKS.search(await resp.text())
+            total += int(match.group(1)) if match else 0
+    return total
+
+
 async def _kv_usages(session: aiohttp.ClientSession, urls: list[str]) -> list[float]:
     async def one(url: str) -> float:
         async with session.get(url + "/metrics") as resp:
@@ -209,6 +220,7 @@ async def measure(
                 await asyncio.sleep(min(result.retry_after_s, MAX_RETRY_WAIT_S))
             raise AssertionError("unreachable")
 
+        kv_blocks = await fleet_kv_blocks(session, engine_urls)
         before = await scrape_counters(session, engine_urls)
         kv_rows: list[list[float]] = []
         sampler = asyncio.create_task(sample_kv(session, engine_urls, 0.5, kv_rows))
@@ -222,6 +234,7 @@ async def measure(
         "calls": len(results),
         "errors": len(results) - len(ok),
         "error_kinds": dict(Counter(r.error for r in results if r.error is not None)),
+        "fleet_kv_blocks": kv_blocks,
         "rejected_429": sum(r.rejected for r in results),
         "retried_ok": sum(1 for r in results if r.rejected and r.error is None),
         "wall_s": wall_s,
@@ -273,9 +286,11 @@ async def run_agent(
         sent_messages = list(messages)
         body = {"model": model, "max_tokens": max_tokens, "stream": True,
                 "messages": sent_messages}  # fmt: skip
+        sent_s = time.perf_counter()
         result = await send(body, headers)
+        answer = None if result.error else result.text
         results.append(result)
-        sent.append(SentCall(sent_messages, None if result.error else result.text))
+        sent.append(SentCall(sent_messages, answer, sent_s, time.perf_counter()))
         if result.error is not None:
             break
         messages.append({"role": "assistant", "content": result.text})

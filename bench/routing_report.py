@@ -61,13 +61,15 @@ def table(workload: str, results: dict[str, dict[str, Any]], args: argparse.Name
     lines = [
         _title(workload, args),
         f"{'policy':<14}{'TTFT p50 ms':>12}{'p90 ms':>9}{'p99 ms':>9}{'done/s':>8}"
-        f"{'errors':>7}{'hit':>7}{'oracle':>7}{'KV max':>7}{'spread':>7}{'imbal':>9}{'lag':>6}",
+        f"{'errors':>7}{'hit':>7}{'oracle':>7}{'LRU':>7}{'KV max':>7}{'spread':>7}{'imbal':>9}"
+        f"{'lag':>6}",
     ]
     for policy, r in results.items():
         lines.append(
             f"{policy:<14}{ms(r['ttft_p50_s']):>12}{ms(r['ttft_p90_s']):>9}"
             f"{ms(r['ttft_p99_s']):>9}{r['completed_per_s']:>8.2f}{r['errors']:>7}"
-            f"{r['prefix_hit_rate']:>7.1%}{r['oracle_hit_rate']:>7.1%}{r['kv_max_usage']:>7.0%}"
+            f"{r['prefix_hit_rate']:>7.1%}{r['oracle_hit_rate']:>7.1%}{r['lru_hit_rate']:>7.1%}"
+            f"{r['kv_max_usage']:>7.0%}"
             f"{r['kv_spread_max']:>7.0%}{r['kv_imbalanced_samples']:>4}/{r['kv_samples']:<4}"
             f"{r['fleet_lag_mean']:>6.0%}"
         )

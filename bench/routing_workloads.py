@@ -21,6 +21,7 @@ too). No router can beat it.
 from __future__ import annotations
 
 import random
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -137,10 +138,13 @@ def tool_message(session: AgentSession, step: int, result: str) -> dict[str, Any
 
 @dataclass(frozen=True, slots=True)
 class SentCall:
-    """One call as sent: its messages and the answer text it got (None: it failed)."""
+    """One call as sent: its messages and the answer text it got (None: it failed), and
+    when it was sent and answered (any common clock; only the order matters)."""
 
     messages: Sequence[dict[str, Any]]
     answer: str | None
+    sent_s: float = 0.0
+    done_s: float = 0.0
 
 
 def _chain(ids: Sequence[int]) -> Iterable[int]:
@@ -169,7 +173,45 @@ def oracle_hit_rate(calls: Iterable[SentCall]) -> float:
                 hit_tokens += BLOCK_TOKENS
             seen.add(chain)
         if call.answer is not None:
-            answered = [*call.messages, {"role": "assistant", "content": call.answer}]
-            # Prompt plus generated tokens; the closing <|end|> was never computed.
-            seen.update(_chain(apply_chat_template(answered, add_generation_prompt=False)[:-1]))
+            seen.update(_chain(_answered_ids(call)))
+    return hit_tokens / total_tokens if total_tokens else 0.0
+
+
+def _answered_ids(call: SentCall) -> list[int]:
+    """Prompt plus generated tokens (the closing <|end|> was never computed)."""
+    from inferplane.tokenizer import apply_chat_template
+
+    answered = [*call.messages, {"role": "assistant", "content": call.answer}]
+    return apply_chat_template(answered, add_generation_prompt=False)[:-1]
+
+
+def lru_hit_rate(calls: Iterable[SentCall], capacity_blocks: int) -> float:
+    """Hit rate of one LRU prefix cache of ``capacity_blocks`` blocks (the whole fleet's KV
+    memory as if it were one engine) over ``calls`` in time order: a prompt is looked up
+    when sent (leading run of cached blocks), an answer cached when it completes. Like an
+    engine, a prompt's blocks are touched tail first, so a prefix outlives its suffix. Not a
+    bound, a reference: what a router that never splits a prefix across replicas and never
+    lets KV sit idle could hope for with this much memory."""
+    from inferplane.tokenizer import apply_chat_template
+
+    listed = list(calls)
+    events = sorted(
+        [(c.sent_s, 0, i, c) for i, c in enumerate(listed)]
+        + [(c.done_s, 1, i, c) for i, c in enumerate(listed) if c.answer is not None],
+        key=lambda e: e[:3],
+    )  # fmt: skip
+    cache: OrderedDict[int, None] = OrderedDict()
+    hit_tokens = total_tokens = 0
+    for _, kind, _, call in events:
+        ids = apply_chat_template(call.messages) if kind == 0 else _answered_ids(call)
+        chains = list(_chain(ids))
+        if kind == 0:
+            total_tokens += len(ids)
+            leading = next((n for n, c in enumerate(chains) if c not in cache), len(chains))
+            hit_tokens += leading * BLOCK_TOKENS
+        for chain in reversed(chains):
+            cache[chain] = None
+            cache.move_to_end(chain)
+        while len(cache) > capacity_blocks:
+            cache.popitem(last=False)
     return hit_tokens / total_tokens if total_tokens else 0.0

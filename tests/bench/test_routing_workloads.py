@@ -17,6 +17,7 @@ from routing_workloads import (
     agent_first_messages,
     agent_sessions,
     agent_system_prompt,
+    lru_hit_rate,
     oracle_hit_rate,
     prefix_calls,
     prefix_messages,
@@ -93,6 +94,18 @@ def test_prefix_workload_is_seeded_poisson_over_tenants() -> None:
     prompts = [tenant_prompt(i, 50) for i in range(4)]
     sent = [SentCall(prefix_messages(prompts[t], q), None) for _, t, q in calls]
     assert 0.5 < oracle_hit_rate(sent) < 1.0
+
+
+def test_fleet_lru_reference_grows_with_memory_up_to_the_oracle() -> None:
+    calls = prefix_calls(7, rate_per_s=20.0, duration_s=5.0, tenants=6)
+    prompts = [tenant_prompt(i, 100) for i in range(6)]
+    sent = [SentCall(prefix_messages(prompts[t], q), None, s, s) for s, t, q in calls]
+    prompt_blocks = len(apply_chat_template(sent[0].messages)) // BLOCK_TOKENS
+    rates = [lru_hit_rate(sent, blocks) for blocks in (1, 2 * prompt_blocks, 10**6)]
+    total_tokens = sum(len(apply_chat_template(c.messages)) for c in sent)
+    assert rates[0] <= BLOCK_TOKENS * len(sent) / total_tokens  # one block: one hit at most
+    assert rates[0] < rates[1] < rates[2]  # two tenants' prompts of six fit
+    assert rates[2] == oracle_hit_rate(sent)  # unbounded LRU is the oracle
 
 
 def test_counter_and_kv_summaries() -> None:
