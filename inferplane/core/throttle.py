@@ -13,7 +13,10 @@ growing share at once, with ``Retry-After``, instead of letting the calls time o
 so the probability decays as soon as the backends recover.
 
 Hedging: a critical call that has not produced its first token by the predicted p95 TTFT
-gets a second attempt elsewhere; the first token wins and the loser is cancelled.
+gets a second attempt elsewhere; the first token wins and the loser is cancelled. The TTFT
+it starts from (``hedge_ttft_s``) is the uncalibrated prediction on the attempt's endpoint
+scaled by the pool's median calibration factor: a fleet slower than its profile everywhere
+waits longer, one degraded engine (whose own factor absorbs its slowness) does not.
 
 Pure: ``now`` and a seeded ``random.Random`` are passed in; counts live in fixed-width time
 buckets, so memory is bounded by the window, not by the traffic.
@@ -37,6 +40,7 @@ __all__ = [
     "ThrottleConfig",
     "ThrottleDecision",
     "hedge_after_s",
+    "hedge_ttft_s",
     "should_hedge",
 ]
 
@@ -173,6 +177,15 @@ class HedgeConfig:
 class HedgeDecision:
     hedge: bool
     reason: str
+
+
+def hedge_ttft_s(raw_ttft_s: float | None, pool_factors: Collection[float]) -> float | None:
+    """The typical TTFT to hedge against: ``raw_ttft_s`` (the predictor's uncalibrated TTFT
+    on the attempt's endpoint) times the median of the pool's TTFT calibration factors."""
+    if raw_ttft_s is None:
+        return None
+    factors = sorted(pool_factors)
+    return raw_ttft_s * (factors[len(factors) // 2] if factors else 1.0)
 
 
 def hedge_after_s(

@@ -42,7 +42,7 @@ import orjson
 from opentelemetry import trace
 
 from inferplane.core.retry import FailureKind, failure_of_status
-from inferplane.core.throttle import HedgeConfig, hedge_after_s, should_hedge
+from inferplane.core.throttle import HedgeConfig, hedge_after_s, hedge_ttft_s, should_hedge
 from inferplane.gateway.exchange import Candidate
 from inferplane.gateway.relay import CallState
 from inferplane.gateway.reliability import AttemptTiming, Reliability
@@ -173,18 +173,17 @@ class Hedging:
         est = predictor.predict(view, call.ctx.model, call.ctx.num_prompt_tokens, now)
         return est.raw_ttft_s, est.raw_tpot_s
 
-    def _pool_factor(self, call: CallState) -> float:
-        """The median TTFT calibration factor of the endpoints serving the call's model."""
+    def _pool_factors(self, call: CallState) -> list[float]:
+        """The TTFT calibration factors of the endpoints serving the call's model."""
         predictor, now, model = self._rel.predictor, self._clock(), call.ctx.model
         if predictor is None:
-            return 1.0
+            return []
         tracker = self._tracker
-        factors = sorted(
+        return [
             predictor.ttft_factor(name, now)
             for name in tracker.names()
             if model in tracker.info(name).models
-        )
-        return factors[len(factors) // 2] if factors else 1.0
+        ]
 
     def _next_candidate(self, call: CallState, state: _Call) -> Candidate | None:
         for cand in state.candidates:
@@ -234,8 +233,7 @@ class _Race:
         self.first = self.current = first
         self.racers = [first]
         self.headers, self.client_timeout = headers, client_timeout
-        raw_ttft = first.predicted[0]
-        self.ttft_s = None if raw_ttft is None else raw_ttft * hedging._pool_factor(call)
+        self.ttft_s = hedge_ttft_s(first.predicted[0], hedging._pool_factors(call))
         self.delay_s = hedge_after_s(call.ctx.priority, self.ttft_s, hedging.config)
         self.last_launch_s = first.started_s
         self.hedging_done = self.delay_s is None

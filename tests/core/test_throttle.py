@@ -14,6 +14,7 @@ from inferplane.core.throttle import (
     SlidingCounter,
     ThrottleConfig,
     hedge_after_s,
+    hedge_ttft_s,
     should_hedge,
 )
 from inferplane.core.types import PriorityClass
@@ -147,3 +148,12 @@ def test_hedge_after() -> None:
     assert hedge_after_s(PriorityClass.CRITICAL, 0.4, HEDGE) == pytest.approx(0.6)
     assert hedge_after_s(PriorityClass.CRITICAL, float("inf"), HEDGE) == 1.0
     assert hedge_after_s(PriorityClass.CRITICAL, 0.4, HedgeConfig(max_hedges=0)) is None
+
+
+def test_hedge_ttft_scales_the_raw_prediction_by_the_pools_median_factor() -> None:
+    # One degraded engine (factor 5) does not move the median of a healthy pool...
+    assert hedge_ttft_s(0.2, [1.0, 1.1, 0.9, 5.0, 1.0]) == pytest.approx(0.2)
+    # ...a pool slower than its profile everywhere does.
+    assert hedge_ttft_s(0.2, [2.0, 2.2, 1.8]) == pytest.approx(0.4)
+    assert hedge_ttft_s(0.2, []) == pytest.approx(0.2)
+    assert hedge_ttft_s(None, [2.0]) is None
