@@ -14,7 +14,7 @@ the table quantifies it as the median per-call difference (live - simulated) ove
 both bodies sent to the same endpoint, and reports how alike the routing was (same choice,
 adjusted Rand index of the two groupings of calls by endpoint).
 
-    python bench/sim_fidelity.py [--duration-s 150] [--rate 8] [--time-scale 10]
+    python bench/sim_fidelity.py [--duration-s 120] [--rate 1.5] [--time-scale 100]
 """
 
 from __future__ import annotations
@@ -64,6 +64,15 @@ def run_fleet(time_scale: float) -> None:
         async with Fleet([spec]) as fleet:
             print(json.dumps([e.endpoint_config() for e in fleet.engines]), flush=True)
             await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+            drivers = [e.server.driver for e in fleet.engines]
+            lag = {
+                "max_lateness_s": max(d.max_lateness_s for d in drivers),
+                "mean_lateness_s": sum(d.total_lateness_s for d in drivers)
+                / max(1, sum(d.num_due_wakeups for d in drivers)),
+                "late_wakeup_share": sum(d.num_late_wakeups for d in drivers)
+                / max(1, sum(d.num_due_wakeups for d in drivers)),
+            }
+            print(json.dumps(lag), flush=True)
 
     uvloop.run(main())
 
@@ -111,12 +120,15 @@ def run_live(
         asyncio.run(wait_ready(url, ENGINES, timeout_s=60))
         live = asyncio.run(send_trace(url, MODEL, records))
         means = asyncio.run(_server_means(url, [e["url"] for e in endpoints]))
+        assert fleet.stdin is not None
+        fleet.stdin.close()
+        means.update(json.loads(fleet.stdout.readline() or "{}"))
         return live, config, means
     finally:
         if serve is not None:
             serve.terminate()
             serve.wait(10)
-        if fleet.stdin is not None:
+        if fleet.stdin is not None and not fleet.stdin.closed:
             fleet.stdin.close()
         fleet.wait(20)
 
@@ -163,6 +175,7 @@ def figures(results: Sequence[CallResult]) -> dict[str, float]:
     ttft = [r.ttft_s for r in ok if r.ttft_s is not None]
     e2e = [r.e2e_s for r in ok if r.e2e_s is not None]
     tokens = sum(r.completion_tokens for r in ok)
+    prompt = sum(r.prompt_tokens for r in ok)
     first = min((r.sent_s for r in results), default=0.0)
     last = max((r.sent_s + (r.e2e_s or 0.0) for r in ok), default=first)
     span = max(1e-9, last - first)
@@ -175,6 +188,7 @@ def figures(results: Sequence[CallResult]) -> dict[str, float]:
         "e2e_p90_s": _pct(e2e, 0.9),
         "output_tokens_per_s": tokens / span,
         "calls_per_s": len(ok) / span,
+        "prefix_hit_share": sum(r.cached_tokens for r in ok) / prompt if prompt else 0.0,
     }
 
 
@@ -184,8 +198,12 @@ def overhead(live: Sequence[CallResult], sim: Sequence[CallResult]) -> dict[str,
             if a.status == b.status == 200 and a.endpoint == b.endpoint]  # fmt: skip
     ttft = [a.ttft_s - b.ttft_s for a, b in same if a.ttft_s is not None and b.ttft_s is not None]
     e2e = [a.e2e_s - b.e2e_s for a, b in same if a.e2e_s is not None and b.e2e_s is not None]
+    live_same = [a.ttft_s for a, _ in same if a.ttft_s is not None]
+    sim_same = [b.ttft_s for _, b in same if b.ttft_s is not None]
     return {
         "matched_calls": float(len(same)),
+        "matched_ttft_p90_live_s": _pct(live_same, 0.9) if live_same else None,
+        "matched_ttft_p90_sim_s": _pct(sim_same, 0.9) if sim_same else None,
         "ttft_extra_median_s": statistics.median(ttft) if ttft else None,
         "e2e_extra_median_s": statistics.median(e2e) if e2e else None,
     }
@@ -209,7 +227,7 @@ def table(live: dict[str, float], sim: dict[str, float]) -> tuple[list[str], boo
         all_ok &= ok
         lines.append(f"{key:<22}{live[key]:>10.3f}{sim[key]:>10.3f}{rel:>+12.1%}"
                      f"{'±' + format(tol, '.0%'):>9}  {'PASS' if ok else 'MISS'}")  # fmt: skip
-    for key in ("calls", "succeeded", "calls_per_s"):
+    for key in ("calls", "succeeded", "calls_per_s", "prefix_hit_share"):
         lines.append(f"{key:<22}{live[key]:>10.2f}{sim[key]:>10.2f}")
     return lines, all_ok
 
@@ -221,12 +239,12 @@ def _ms(value: float | None) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--role", choices=["orchestrate", "fleet"], default="orchestrate")
-    p.add_argument("--time-scale", type=float, default=10.0)
-    p.add_argument("--duration-s", type=float, default=150.0)
-    p.add_argument("--rate", type=float, default=8.0, help="calls per live second")
+    p.add_argument("--time-scale", type=float, default=100.0)
+    p.add_argument("--duration-s", type=float, default=120.0)
+    p.add_argument("--rate", type=float, default=1.5, help="calls per live second")
     p.add_argument("--documents", type=int, default=24)
     p.add_argument("--min-output", type=int, default=16)
-    p.add_argument("--max-output", type=int, default=256)
+    p.add_argument("--max-output", type=int, default=128)
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--no-calibration", dest="calibrate", action="store_false",
                    help="switch the predictor's online calibration off on both sides")  # fmt: skip
@@ -265,7 +283,8 @@ def main() -> None:
     tail = [
         f"live path overhead (median live - sim over {extra['matched_calls']:.0f} calls on the "
         f"same endpoint): TTFT {_ms(extra['ttft_extra_median_s'])}, "
-        f"e2e {_ms(extra['e2e_extra_median_s'])}",
+        f"e2e {_ms(extra['e2e_extra_median_s'])}; TTFT p90 over those calls: live "
+        f"{_ms(extra['matched_ttft_p90_live_s'])}, sim {_ms(extra['matched_ttft_p90_sim_s'])}",
         "mean TTFT where it is measured: client {:.0f} ms, gateway {:.0f} ms, engines {:.0f} ms,"
         " simulated {:.0f} ms".format(
             *(
@@ -278,6 +297,9 @@ def main() -> None:
                 )
             )
         ),
+        "emulated engines' lateness (wake-ups after the model's event was due): mean "
+        f"{_ms(means.get('mean_lateness_s'))}, max {_ms(means.get('max_lateness_s'))}, "
+        f"{means.get('late_wakeup_share', float('nan')):.1%} of wake-ups over 1 ms late",
         f"routing agreement: same endpoint {agreement.same_choice_share:.1%}, adjusted Rand "
         f"index {agreement.adjusted_rand_index:.2f}",
         f"wall: live {live_wall_s:.0f} s, simulated {sim_wall_s:.1f} s",

@@ -58,6 +58,8 @@ class CallResult:
     e2e_s: float | None
     completion_tokens: int
     sent_s: float = 0.0  # when it was sent, seconds after the trace's start
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens the engine's prefix cache served
 
     @property
     def admitted(self) -> bool:
@@ -182,7 +184,8 @@ def _from_record(index: int, r: CallRecord) -> CallResult:
         status = 0
     endpoint = r.endpoint if status == 200 else None
     return CallResult(index, status, endpoint, "" if status == 200 else r.reason,
-                      r.ttft_s, r.e2e_s, r.completion_tokens, r.arrival_s)  # fmt: skip
+                      r.ttft_s, r.e2e_s, r.completion_tokens, r.arrival_s,
+                      r.prompt_tokens, r.cached_tokens)  # fmt: skip
 
 
 # ---- the live side ---------------------------------------------------------------------------
@@ -231,7 +234,7 @@ async def _one(
     sent = time.perf_counter()
     sent_s = sent - start
     ttft: float | None = None
-    tokens = 0
+    tokens = prompt = cached = 0
     headers = {"X-Priority": priority}
     try:
         async with session.post(url + "/v1/completions", json=body, headers=headers) as resp:
@@ -246,10 +249,13 @@ async def _one(
                 elif line.startswith(b"data: {") and b'"usage"' in line:
                     usage = orjson.loads(line[6:]).get("usage") or {}
                     tokens = int(usage.get("completion_tokens", 0))
+                    prompt = int(usage.get("prompt_tokens", 0))
+                    details = usage.get("prompt_tokens_details") or {}
+                    cached = int(details.get("cached_tokens") or 0)
             e2e = time.perf_counter() - sent
     except (aiohttp.ClientError, TimeoutError):
         return CallResult(index, 0, None, "client error", ttft, None, 0, sent_s)
-    return CallResult(index, 200, endpoint, "", ttft, e2e, tokens, sent_s)
+    return CallResult(index, 200, endpoint, "", ttft, e2e, tokens, sent_s, prompt, cached)
 
 
 async def wait_ready(url: str, num_endpoints: int, timeout_s: float = 30.0) -> None:
