@@ -230,7 +230,8 @@ def _local_json(record: WorkflowRecord | None) -> dict[str, Any] | None:
 
 
 def setup_workflow_routes(app: web.Application, gw: Gateway) -> None:
-    """``GET /v1/workflows/{id}``: the workflow's ledger, shared and as this gateway sees it.
+    """``GET /v1/workflows/{id}``: the workflow's ledger, shared and as this gateway sees it
+    (the caller's tenant's workflows only: another tenant's read as unknown, 404).
 
     Idempotent (the serve commands and ``Gateway.build_app`` may both call it).
     """
@@ -239,7 +240,7 @@ def setup_workflow_routes(app: web.Application, gw: Gateway) -> None:
     app[_ROUTES_KEY] = True
 
     async def show(request: web.Request) -> web.Response:
-        gw._auth.caller(request.headers)
+        tenant = gw._auth.caller(request.headers).tenant
         workflow_id = request.match_info["workflow_id"]
         sync = gw.gate.ledger_sync
         if sync is not None:
@@ -248,7 +249,8 @@ def setup_workflow_routes(app: web.Application, gw: Gateway) -> None:
             local = gw.gate.core.workflows.get(workflow_id)
             body = {"workflow_id": workflow_id, "shared": None, "local": _local_json(local),
                     "store": gw.state.mode.value}  # fmt: skip
-        if body["shared"] is None and body["local"] is None:
+        owner = body["shared"] or body["local"]
+        if owner is None or owner["tenant"] != tenant:  # another tenant's: not shown
             raise ApiError(
                 404, f"workflow '{workflow_id[:128]}' is not known", code="workflow_not_found"
             )

@@ -3,21 +3,27 @@
 Covers the rules the Redis tests cannot force: a read that hangs is given up after the
 read timeout (the call is judged on the local view, counted), a read within the freshness
 window is skipped, and the flusher leaves both the store and the writer's own ledger with
-the same record.
+the same record. And ``GET /v1/workflows/{id}`` shows a tenant only its own workflows.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from typing import Any
 
+import aiohttp
+
+from inferplane.config import ApiKeyConfig, AuthConfig
 from inferplane.core.admission import Admission
 from inferplane.core.state import WorkflowDelta
 from inferplane.core.types import CallContext, PriorityClass
 from inferplane.core.workflows import WorkflowRecord
 from inferplane.gateway.shared_ledger import SharedLedger
 from inferplane.state.memory import MemoryStore
+from tests.gateway.fakes import fake_engines, fleet_config
+from tests.gateway.test_shared_ledger import start_gateway
 
 
 def _call(step: int, wid: str = "w") -> CallContext:
@@ -91,3 +97,36 @@ async def test_writes_reach_the_store_and_the_other_controller_reads_them() -> N
     await sync_b.hydrate(_call(4))  # stale: read again, and the new step is seen
     got = core_b.workflows.get("w")
     assert sync_b.stats().hydrations == 2 and got is not None and got.steps_done == 4
+
+
+async def test_the_workflow_view_shows_a_tenant_only_its_own_workflows() -> None:
+    keys = {"k-acme": "acme", "k-other": "other"}
+    auth = AuthConfig(mode="api_keys", keys=tuple(
+        ApiKeyConfig(key_sha256=hashlib.sha256(k.encode()).hexdigest(), tenant=t)
+        for k, t in keys.items()
+    ))  # fmt: skip
+    async with fake_engines(1) as engines:
+        base = fleet_config(engines, log_requests=False)
+        config = base.model_copy(update={"gateway": base.gateway.model_copy(update={"auth": auth})})
+        _, url, stop = await start_gateway(config)  # memory state: the local view
+        try:
+            async with aiohttp.ClientSession() as session:
+                hdrs = {"Authorization": "Bearer k-acme", "X-Workflow-Id": "wf-acme",
+                        "X-Workflow-Step": "1"}  # fmt: skip
+                body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+                async with session.post(f"{url}/v1/chat/completions", json=body, headers=hdrs):
+                    pass
+                got = {}
+                for key in ("k-acme", "k-other", None):
+                    auth_hdr = {"Authorization": f"Bearer {key}"} if key else {}
+                    async with session.get(f"{url}/v1/workflows/wf-acme", headers=auth_hdr) as r:
+                        got[key] = (r.status, await r.json())
+        finally:
+            await stop()
+    assert got["k-acme"][0] == 200
+    view = got["k-acme"][1]
+    assert view["shared"] is None and view["store"] == "local"
+    assert view["local"]["tenant"] == "acme" and view["local"]["max_step"] == 1
+    assert got["k-other"][0] == 404  # another tenant's workflow reads as unknown
+    assert got["k-other"][1]["error"]["code"] == "workflow_not_found"
+    assert got[None][0] == 401
