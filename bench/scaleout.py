@@ -71,6 +71,28 @@ def _start_workers(
     return proc, port
 
 
+def _start_single(backend_port: int, extra: str) -> tuple[subprocess.Popen[bytes], int]:
+    """One gateway process (``inferplane serve``): its pid is the gateway, for CPU time."""
+    port = go._free_port()
+    cfg = Path(tempfile.mkdtemp()) / "fleet.yaml"
+    cfg.write_text(
+        "gateway: {log_requests: false, scrape_interval_s: 0.1}\n"
+        "endpoints:\n"
+        f"  - {{name: b0, url: 'http://127.0.0.1:{backend_port}', kind: openai, gpu: h100,"
+        " price_per_hour_usd: 2.0, models: [m]}\n" + extra
+    )
+    cmd = [sys.executable, "-m", "inferplane.cli", "serve", "-c", str(cfg), "--port", str(port),
+           "--log-level", "warning"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)
+    try:
+        go._wait_http(f"http://127.0.0.1:{port}/ready", timeout_s=180.0)
+    except RuntimeError:
+        proc.terminate()
+        proc.wait(30)
+        raise
+    return proc, port
+
+
 def throughput(args: argparse.Namespace, counts: list[int]) -> list[dict[str, float]]:
     backend_port = go._free_port()
     backend = subprocess.Popen([sys.executable, go.__file__, "--role", "backend",
@@ -175,20 +197,30 @@ def request_latency(args: argparse.Namespace) -> tuple[list[dict[str, float]], d
     per_batch = max(1, args.latency_calls // _BATCHES)
     try:
         go._wait_http(f"http://127.0.0.1:{backend_port}/health")
-        procs["memory"] = _start_workers(backend_port, 1, _QUOTA_YAML)
-        procs["redis"] = _start_workers(backend_port, 1, _QUOTA_YAML + redis_yaml)
+        procs["memory"] = _start_single(backend_port, _QUOTA_YAML)
+        procs["redis"] = _start_single(backend_port, _QUOTA_YAML + redis_yaml)
+        redis_pid = int(redis.Redis().info("server")["process_id"])
         urls = {k: f"http://127.0.0.1:{port}/v1/chat/completions" for k, (_, port) in procs.items()}
         for r in range(args.rounds):
             row: dict[str, float] = {}
             for kind in ("plain", "workflow"):
                 lat: dict[str, list[float]] = {"memory": [], "redis": []}
+                cpu = {"memory": 0.0, "redis": 0.0, "redis_server": 0.0}
                 for b in range(_BATCHES):
                     order = ("memory", "redis") if b % 2 == 0 else ("redis", "memory")
                     for name in order:
                         tag = f"{r}-{b}-{name}"
+                        pid = procs[name][0].pid
+                        cpu0, srv0 = go._cpu_s(pid), go._cpu_s(redis_pid)
                         lat[name] += asyncio.run(
                             _sequential(urls[name], per_batch, kind == "workflow", tag)
                         )
+                        cpu[name] += go._cpu_s(pid) - cpu0
+                        if name == "redis":  # shared server: others' use counts too
+                            cpu["redis_server"] += go._cpu_s(redis_pid) - srv0
+                calls = _BATCHES * (per_batch + 5)
+                for name, cpu_s in cpu.items():
+                    row[f"{kind}_{name}_cpu_us"] = 1e6 * cpu_s / calls
                 for name, values in lat.items():
                     row[f"{kind}_{name}_p50_us"] = _pct(values, 0.5)
                     row[f"{kind}_{name}_p99_us"] = _pct(values, 0.99)
@@ -214,8 +246,11 @@ def request_latency(args: argparse.Namespace) -> tuple[list[dict[str, float]], d
 
 def report_latency(rounds: list[dict[str, float]], check: dict[str, Any]) -> dict[str, Any]:
     print(f"\nPer request through the gateway, sequential calls ({len(rounds)} rounds, median)")
-    print("| call | memory p50 (us) | redis p50 (us) | added p50 (us) | memory p99 | redis p99 |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print(
+        "| call | memory p50 (us) | redis p50 (us) | added p50 (us) | memory p99 | redis p99 "
+        "| gateway CPU/req memory (us) | redis (us) | redis-server CPU/req (us) |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     out: dict[str, Any] = {"check": check}
     for kind in ("plain", "workflow"):
         med = {k.removeprefix(kind + "_"): statistics.median(r[k] for r in rounds)
@@ -224,7 +259,8 @@ def report_latency(rounds: list[dict[str, float]], check: dict[str, Any]) -> dic
         verdict = "PASS" if med["added_p50_us"] < 1000 else "MISS"
         print(f"| {kind} | {med['memory_p50_us']:.0f} | {med['redis_p50_us']:.0f} | "
               f"{med['added_p50_us']:.0f} ({verdict} < 1000) | {med['memory_p99_us']:.0f} | "
-              f"{med['redis_p99_us']:.0f} |")  # fmt: skip
+              f"{med['redis_p99_us']:.0f} | {med['memory_cpu_us']:.0f} | "
+              f"{med['redis_cpu_us']:.0f} | {med['redis_server_cpu_us']:.0f} |")  # fmt: skip
     sync = check.get("workflow_sync") or {}
     print(f"redis gateway: state {check.get('state', {}).get('mode')}, "
           f"ledger updates {sync.get('updates')}, misses {sync.get('hydration_misses')}, "

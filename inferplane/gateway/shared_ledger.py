@@ -116,9 +116,8 @@ class SharedLedger:
             return
         c = self._counts
         try:
-            record = await asyncio.wait_for(
-                self.store.workflow_get(wid, self._wall()), self.read_timeout_s
-            )
+            async with asyncio.timeout(self.read_timeout_s):
+                record = await self.store.workflow_get(wid, self._wall())
         except TimeoutError:
             c["timeouts"] += 1
             return

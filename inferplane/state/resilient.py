@@ -142,7 +142,8 @@ class ResilientStore:
             self._local_ops += 1
             raise _Unavailable
         try:
-            return await asyncio.wait_for(make(), self._timeout_s)
+            async with asyncio.timeout(self._timeout_s):  # no task per call (as wait_for)
+                return await make()
         except _FAILURES as exc:
             self._degrade(exc)
             self._local_ops += 1
