@@ -250,9 +250,11 @@ class AutoscaleController:
     def sense(self, now: float) -> list[PoolSignal]:
         """One signal per pool over the window since the last call.
 
-        Tokens are the work of calls that finished in the window (the gateway counts them at
-        the end): prompt tokens not served from cache plus completion tokens, as the simulator
-        senses it (an agentic call resends a mostly cached context). SLO attainment is the
+        Demand is the calls that ended in the window (answered or refused) times the mean work
+        of a served call so far (work: prompt tokens not served from cache plus completion
+        tokens; an agentic call resends a mostly cached context), as the simulator senses it:
+        a saturated pool refuses what it cannot serve, so work served alone would hide the
+        demand that needs more replicas. SLO attainment is the
         share of calls answered 200 (a proxy: latency SLOs are not counted per call in the
         registry yet).
         """
@@ -282,7 +284,7 @@ class AutoscaleController:
                     pool=pool,
                     now_s=now,
                     window_s=window_s,
-                    tokens=tokens - prev[0],
+                    tokens=done * (tokens / ok if ok > 0 else TOKENS_PER_WAITING_CALL),
                     requests=int(done),
                     backlog_tokens=TOKENS_PER_WAITING_CALL * waiting,
                     slo_attainment=None if done <= 0 else min(1.0, (ok - prev[1]) / done),

@@ -3,12 +3,13 @@
 The simulator drives the same loop as the gateway. Every ``tick_s`` of the fleet config's
 ``autoscale`` section (the section ``inferplane serve`` reads), a control tick:
 
-* **senses** each pool the way the gateway does: the work its engines did in the window (prompt
-  tokens not served from cache plus output tokens: agentic calls resend a mostly cached
-  context, so tokens *sent* would overstate demand many times), the calls that arrived and
-  the share that ended within their SLO (a :class:`PoolSensor` the runner feeds), the backlog
-  (calls queued at the admission gate plus the engines' scraped waiting counts, at the mean
-  work per call) and the replicas by GPU type and state;
+* **senses** each pool the way the gateway does: demand as the calls that arrived in the
+  window times the mean work per call served so far (work: prompt tokens not served from
+  cache plus output tokens; agentic calls resend a mostly cached context, so tokens *sent*
+  would overstate demand many times), the share of calls that ended within their SLO (a
+  :class:`PoolSensor` the runner feeds), the backlog (calls queued at the admission gate plus
+  the engines' scraped waiting counts, at the mean work per call) and the replicas by GPU
+  type and state;
 * **decides** with the pure :class:`~inferplane.core.autoscaler.Autoscaler` (or, for
   comparison, :class:`QueueRule`: production-stack's KEDA rule on waiting calls, as an HPA
   evaluates it);
@@ -159,13 +160,17 @@ class ScaleLoop:
         self._seen: dict[str, tuple[float, int]] = {}  # pool -> (tokens, calls) so far
 
     def on_arrival(self, pool: str) -> None:
+        """A call arrived: demand is offered calls at the mean work per call served so far.
+
+        Counted on arrival, not when served: a saturated pool serves no more than its
+        capacity and rejects the rest, so work served alone would hide the demand that needs
+        more replicas (and would see it a call's duration late)."""
         if pool in self.policies:
-            self.sensor.on_arrival(pool, 0.0)
+            self.sensor.on_arrival(pool, self.tokens_per_call(pool))
 
     def on_served(self, pool: str, num_tokens: float) -> None:
         """An engine finished an attempt that took ``num_tokens`` of work (uncached + output)."""
         if pool in self.policies:
-            self.sensor.on_served(pool, num_tokens)
             tokens, calls = self._seen.get(pool, (0.0, 0))
             self._seen[pool] = (tokens + num_tokens, calls + 1)
 
