@@ -15,6 +15,11 @@ extra round runs the gateway on the standard asyncio loop instead of uvloop, to 
 event-loop choice is worth. Results go to bench/results/gateway-overhead.json.
 
     python bench/gateway_overhead.py [--rounds 3] [--duration-s 4] [--concurrency 64]
+        [--baseline-src DIR]
+
+``--baseline-src`` also runs the gateway of another source tree (e.g. ``git archive <commit>
+inferplane | tar -x -C DIR``) in every round, interleaved with the current one, so a change
+is measured against its parent on the same machine at the same moments.
 """
 
 from __future__ import annotations
@@ -193,7 +198,9 @@ def _wait_http(url: str, timeout_s: float = 20.0) -> None:
     raise RuntimeError(f"{url} did not come up")
 
 
-def _start_gateway(backend_port: int, loop: str) -> tuple[subprocess.Popen[bytes], int]:
+def _start_gateway(
+    backend_port: int, loop: str, src: str | None = None
+) -> tuple[subprocess.Popen[bytes], int]:
     port = _free_port()
     cfg = Path(tempfile.mkdtemp()) / "fleet.yaml"
     cfg.write_text(
@@ -206,9 +213,11 @@ def _start_gateway(backend_port: int, loop: str) -> tuple[subprocess.Popen[bytes
         " price_per_hour_usd: 2.0, models: [m]}\n"
     )
     env = {**os.environ, "INFERPLANE_EVENT_LOOP": loop}
+    if src is not None:  # that tree's package first (``-m`` also looks in the cwd)
+        env["PYTHONPATH"] = src
     cmd = [sys.executable, "-m", "inferplane.cli", "serve", "-c", str(cfg), "--port", str(port),
            "--log-level", "warning"]  # fmt: skip
-    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, env=env, cwd=src, stderr=subprocess.DEVNULL)
     _wait_http(f"http://127.0.0.1:{port}/ready")
     return proc, port
 
@@ -220,6 +229,7 @@ def _cpu_s(pid: int) -> float:
 
 
 WATCHED: dict[str, int] = {}  # role -> pid, whose CPU time each run records
+BASELINE: dict[str, Any] = {}  # the --baseline-src gateway: pid and url
 
 
 def _measure(url: str, mode: str, stream: bool, args: argparse.Namespace, rate: float = 0.0
@@ -246,6 +256,11 @@ def _round(direct: str, via: str, args: argparse.Namespace, earlier: list[dict[s
     res: dict[str, Any] = {}
     res["direct_rps"] = _measure(direct, "closed", False, args)
     res["gateway_rps"] = _measure(via, "closed", False, args)
+    if BASELINE:
+        current = WATCHED["gateway"]
+        WATCHED["gateway"] = BASELINE["pid"]
+        res["baseline_rps"] = _measure(BASELINE["url"], "closed", False, args)
+        WATCHED["gateway"] = current
     res["direct_stream"] = _measure(direct, "closed", True, args)
     res["gateway_stream"] = _measure(via, "closed", True, args)
     # Half of the lowest gateway saturation seen so far: rates drift on a shared machine and
@@ -273,10 +288,15 @@ def orchestrate(args: argparse.Namespace) -> None:
             procs.append(proc)
             gateways[loop] = f"http://127.0.0.1:{port}/v1/chat/completions"
         WATCHED["gateway"] = procs[1].pid
+        if args.baseline_src:
+            proc, port = _start_gateway(backend_port, "uvloop", src=args.baseline_src)
+            procs.append(proc)
+            BASELINE.update(pid=proc.pid, url=f"http://127.0.0.1:{port}/v1/chat/completions")
         for i in range(args.rounds):
             rounds.append({"loop": "uvloop", **_round(direct, gateways["uvloop"], args, rounds)})
             print(f"round {i + 1}/{args.rounds} done", file=sys.stderr, flush=True)
         WATCHED["gateway"] = procs[2].pid
+        BASELINE.clear()
         asyncio_round = {"loop": "asyncio", **_round(direct, gateways["asyncio"], args, [])}
         report(rounds, asyncio_round, args)
     finally:
@@ -340,6 +360,7 @@ def report(rounds: list[dict[str, Any]], asyncio_round: dict[str, Any],
         f"{a['rps_ratio']:>15.2f}x",
         f"{'asyncio loop: gateway CPU us/req':<34}{'':>12}{a['gateway_cpu_us_per_req']:>12.0f}"
         f"{a['gateway_cpu_us_per_req'] / s['gateway_cpu_us_per_req']:>15.2f}x",
+        *_baseline_lines(rounds, args),
         f"targets: ratio >= 0.5 ({'PASS' if s['rps_ratio'] >= 0.5 else 'FAIL'}), "
         f"added p50 < 2 ms ({'PASS' if s['added_p50_ms'] < 2.0 else 'FAIL'}); "
         f"errors: {s['errors']:.0f}",
@@ -349,6 +370,25 @@ def report(rounds: list[dict[str, Any]], asyncio_round: dict[str, Any],
     RESULTS.write_text(json.dumps({"summary": s, "asyncio_loop": a, "rounds": rounds,
                                    "asyncio_round": asyncio_round, "table": lines},
                                   indent=2))  # fmt: skip
+
+
+def _baseline_lines(rounds: list[dict[str, Any]], args: argparse.Namespace) -> list[str]:
+    """Rows for the --baseline-src gateway, measured in the same rounds."""
+    if not args.baseline_src:
+        return []
+
+    def med(fn: Any) -> float:
+        return float(statistics.median(fn(r) for r in rounds))
+
+    rps = med(lambda r: r["baseline_rps"]["rps"])
+    ratio = med(lambda r: r["baseline_rps"]["rps"] / r["direct_rps"]["rps"])
+    cpu = med(lambda r: r["baseline_rps"]["gateway_cpu_us_per_req"])
+    now = med(lambda r: r["gateway_rps"]["gateway_cpu_us_per_req"])
+    return [
+        f"{'baseline gateway: req/s':<34}{'':>12}{rps:>12.0f}{ratio:>15.2f}x",
+        f"{'baseline: gateway CPU us/req':<34}{cpu:>12.0f}{now:>12.0f}{now / cpu:>15.2f}x",
+        f"  (baseline: {args.baseline_src}; CPU row: baseline, current, current/baseline)",
+    ]
 
 
 def main() -> None:
@@ -362,6 +402,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--duration-s", type=float, default=4.0)
     p.add_argument("--concurrency", type=int, default=64)
+    p.add_argument("--baseline-src", default=None, help="source tree of a gateway to compare")
     args = p.parse_args()
     if args.role == "backend":
         run_backend(args.port)
