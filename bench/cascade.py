@@ -320,15 +320,18 @@ async def run(mode: str, args: argparse.Namespace, op: dict[str, float]) -> dict
                 if now >= next_sample:
                     tasks.append(asyncio.create_task(_sample(session, gw, fleet, result, now)))
                     next_sample += 1.0
-                rec = Record(loop.time(), critical=rng.random() < 0.5)
-                result.records.append(rec)
-                prompt = f"Session {rng.randrange(10**6)}: summarise the incident report."
-                tasks.append(asyncio.create_task(
-                    _call(session, url, rec, args.max_tokens, prompt, op["client_timeout_s"], loop)
-                ))  # fmt: skip
-                # open loop on absolute times: a lagging loop catches up, the rate holds
-                next_call_s += rng.expovariate(op["rate_calls_per_s"])
-                await asyncio.sleep(max(0.0, next_call_s - (loop.time() - t0)))
+                # Open loop on absolute times: every call that is due is sent now, so a
+                # loop that lagged (a busy machine) still offers the same calls.
+                while next_call_s <= min(now, args.duration_s):
+                    rec = Record(loop.time(), critical=rng.random() < 0.5)
+                    result.records.append(rec)
+                    prompt = f"Session {rng.randrange(10**6)}: summarise the incident report."
+                    tasks.append(asyncio.create_task(_call(
+                        session, url, rec, args.max_tokens, prompt, op["client_timeout_s"], loop
+                    )))  # fmt: skip
+                    next_call_s += rng.expovariate(op["rate_calls_per_s"])
+                wake_s = min(next_call_s, next_sample)
+                await asyncio.sleep(max(0.0, wake_s - (loop.time() - t0)))
             await asyncio.gather(*tasks)
             await _sample(session, gw, fleet, result, loop.time() - t0)
         assert gw.proxy is not None
