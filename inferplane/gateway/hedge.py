@@ -18,7 +18,7 @@ everywhere raises the delay, while one degraded engine, whose own factor absorbs
 slowness, does not) times ``p95_over_mean``.
 
 The proxy calls ``post`` where it would call ``session.post``; it returns the winner's
-response with the bytes read during the race put back in front (``_Primed``). When a hedge
+response with the bytes read during the race put back in front (``hedge_io.Primed``). When a hedge
 took the attempt over, ``settle`` tells the proxy which endpoint, start time and prediction
 to account the attempt to; every other attempt of the race is accounted here (the tracker's
 in-flight count, the breaker: a cancelled loser's wait is a lower bound of its TTFT).
@@ -32,26 +32,23 @@ Hedges show as ``inferplane_retries_total{reason="hedge"}`` (hedges that took ov
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Any, cast
+from typing import cast
 
 import aiohttp
-import orjson
 from opentelemetry import trace
 
-from inferplane.core.retry import FailureKind, failure_of_status
+from inferplane.core.retry import FailureKind
 from inferplane.core.throttle import HedgeConfig, hedge_after_s, hedge_ttft_s, should_hedge
 from inferplane.gateway.exchange import Candidate
+from inferplane.gateway.hedge_io import Primed, failure_of, open_attempt, race_failure, stop
 from inferplane.gateway.relay import CallState
 from inferplane.gateway.reliability import AttemptTiming, Reliability
-from inferplane.gateway.sse_filter import DONE, has_token
 from inferplane.gateway.tracker import EndpointTracker
 
 __all__ = ["HedgeMove", "Hedging"]
 
-_MAX_HEAD_BYTES = 65_536  # stop looking for the first token after this much (it is an answer)
 Predicted = tuple[float | None, float | None]
 OnAttempt = Callable[[str, str | None], None]
 
@@ -162,7 +159,9 @@ class Hedging:
         started_s: float,
     ) -> _Racer:
         predicted = self._predict(cand.endpoint, call, started_s)
-        coro = _open(self._session, cand.url, body, headers, client_timeout, stream=call.ctx.stream)
+        coro = open_attempt(
+            self._session, cand.url, body, headers, client_timeout, stream=call.ctx.stream
+        )
         return _Racer(cand.endpoint, started_s, predicted, asyncio.create_task(coro))
 
     def _predict(self, endpoint: str, call: CallState, now: float) -> Predicted:
@@ -202,7 +201,7 @@ class Hedging:
         now = self._clock()
         timing = AttemptTiming()
         if lost:
-            _cancel(racer.task)
+            stop(racer.task)
             waited_s = now - racer.started_s
             counts = self._rel.counts
             counts["hedge_cancelled"] += 1
@@ -303,15 +302,15 @@ class _Race:
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             if not others:
                 raise
-            self._drop(racer, _failure_of(exc))
+            self._drop(racer, failure_of(exc))
             return None
-        failure = _race_failure(resp.status, head)
+        failure = race_failure(resp.status, head)
         if failure is not None and others:
             resp.close()
             self._drop(racer, failure)
             return None
         self._win(racer, won=failure is None)
-        return cast(aiohttp.ClientResponse, _Primed(resp, head))
+        return cast(aiohttp.ClientResponse, Primed(resp, head))
 
     def _drop(self, racer: _Racer, failure: FailureKind) -> None:
         """A racer failed while others run: account it; the proxy follows another."""
@@ -339,151 +338,10 @@ class _Race:
             if not racer.retired and racer is not current:
                 self.h._retire(call, racer, FailureKind.CANCELLED, lost=True)
         if not current.task.done():  # the handler was cancelled (the client left)
-            _cancel(current.task)
+            stop(current.task)
         self.h._release_slots(call, self.state)
         if current is not self.first:
             call.ex.endpoint = current.endpoint
             call.attempt_started_s = current.started_s
             self.state.moved = HedgeMove(current.endpoint, current.started_s, current.predicted)
             self.state.on_attempt(current.endpoint, "hedge")
-
-
-def _failure_of(exc: BaseException) -> FailureKind:
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        return FailureKind.CONNECT
-    if isinstance(exc, TimeoutError):
-        return FailureKind.TIMEOUT
-    return FailureKind.RESET
-
-
-def _race_failure(status: int, head: bytes) -> FailureKind | None:
-    """Whether an attempt that answered lost the race by failing (None: it is an answer)."""
-    if status == 200:
-        return None if head else FailureKind.RESET
-    kind = failure_of_status(status)
-    return kind if kind is not None and kind.retryable else None
-
-
-def _cancel(task: asyncio.Task[tuple[aiohttp.ClientResponse, bytes]]) -> None:
-    """Stop a racer: cancelling closes its connection (the engine aborts); one that had
-    already answered has its response closed."""
-    if task.done():
-        if not task.cancelled() and task.exception() is None:
-            task.result()[0].close()
-        return
-    task.cancel()
-    task.add_done_callback(_close_late)
-
-
-def _close_late(task: asyncio.Task[tuple[aiohttp.ClientResponse, bytes]]) -> None:
-    if not task.cancelled() and task.exception() is None:
-        task.result()[0].close()
-
-
-async def _open(
-    session: aiohttp.ClientSession,
-    url: str,
-    body: bytes,
-    headers: dict[str, str],
-    client_timeout: aiohttp.ClientTimeout,
-    *,
-    stream: bool,
-) -> tuple[aiohttp.ClientResponse, bytes]:
-    """Send one attempt and read up to its first token (its first byte when not a stream)."""
-    resp = await session.post(url, data=body, headers=headers, timeout=client_timeout)
-    try:
-        if resp.status != 200:
-            return resp, b""
-        head = b""
-        while True:
-            data = await resp.content.readany()
-            head += data
-            if not data or not stream or len(head) > _MAX_HEAD_BYTES or _has_answer(head):
-                return resp, head
-    except BaseException:
-        resp.close()
-        raise
-
-
-def _has_answer(head: bytes) -> bool:
-    """Whether the complete SSE events in ``head`` include more than an opening role chunk:
-    a token, a finish, usage, an error, [DONE] or anything unparsable."""
-    if b"\r" in head:
-        head = head.replace(b"\r\n", b"\n")
-    for event in head.split(b"\n\n")[:-1]:
-        if not event.startswith(b"data:"):
-            continue
-        payload = event[5:].strip()
-        if payload.startswith(DONE[6:]):
-            return True
-        try:
-            obj = orjson.loads(payload)
-        except orjson.JSONDecodeError:
-            return True
-        if not isinstance(obj, dict) or "error" in obj or obj.get("usage"):
-            return True
-        choices = obj.get("choices")
-        if has_token(choices) or not choices:
-            return True
-        if any(isinstance(c, dict) and c.get("finish_reason") for c in choices):
-            return True
-    return False
-
-
-class _Content:
-    """``resp.content`` with the bytes read during the race in front."""
-
-    def __init__(self, resp: aiohttp.ClientResponse, head: bytes) -> None:
-        self._resp, self._head = resp, head
-
-    async def iter_any(self) -> AsyncIterator[bytes]:
-        if self._head:
-            head, self._head = self._head, b""
-            yield head
-        async for data in self._resp.content.iter_any():
-            yield data
-
-    def take_head(self) -> bytes:
-        head, self._head = self._head, b""
-        return head
-
-
-class _Primed:
-    """A response whose first bytes were read during the race: reads replay them first."""
-
-    def __init__(self, resp: aiohttp.ClientResponse, head: bytes) -> None:
-        self._resp = resp
-        self.content = _Content(resp, head)
-
-    @property
-    def status(self) -> int:
-        return self._resp.status
-
-    @property
-    def headers(self) -> Any:
-        return self._resp.headers
-
-    async def read(self) -> bytes:
-        head = self.content.take_head()
-        return head + await self._resp.read()
-
-    def close(self) -> None:
-        self._resp.close()
-
-    def release(self) -> None:
-        self._resp.release()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._resp, name)
-
-    async def __aenter__(self) -> _Primed:
-        await self._resp.__aenter__()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self._resp.__aexit__(exc_type, exc, tb)
