@@ -28,6 +28,8 @@ proxy's error handling reads the same for both. Behaviour the gateway relies on:
 from __future__ import annotations
 
 import asyncio
+import errno
+import ssl
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -65,7 +67,12 @@ class _Target:
 
     host: str
     port: int
+    tls: bool  # https
     prefix: bytes  # b"POST /path HTTP/1.1\r\nHost: h:p\r\n"
+
+    @property
+    def key(self) -> tuple[str, int, bool]:
+        return self.host, self.port, self.tls
 
 
 class UpstreamClient:
@@ -76,8 +83,9 @@ class UpstreamClient:
         self._limit = limit
         self._max_idle = max_idle_per_host
         self._open: set[_Conn] = set()
-        self._idle: dict[tuple[str, int], list[_Conn]] = {}
+        self._idle: dict[tuple[str, int, bool], list[_Conn]] = {}
         self._targets: dict[str, _Target] = {}
+        self._tls: ssl.SSLContext | None = None
         self._slot_waiters: deque[asyncio.Future[None]] = deque()
         self._closed = False
 
@@ -104,7 +112,8 @@ class UpstreamClient:
         total_s = sock_read_s = connect_s = None
         if timeout is not None:
             total_s, sock_read_s = timeout.total, timeout.sock_read
-            connect_s = timeout.sock_connect or timeout.connect
+            limits = (timeout.sock_connect, timeout.connect, total_s)
+            connect_s = min((s for s in limits if s), default=None)  # total covers it too
         started_s = self.loop.time()
         for attempt in (0, 1):
             conn, reused = await self._acquire(target, connect_s)
@@ -132,22 +141,24 @@ class UpstreamClient:
 
     def _target(self, url: str) -> _Target:
         parts = urlsplit(url)
-        if parts.scheme != "http" or not parts.hostname:
-            raise ValueError(f"only http:// URLs are supported: {url!r}")
-        port = parts.port or 80
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            bad = OSError(errno.EINVAL, f"not an http(s) URL: {url[:200]!r}")
+            raise UpstreamConnectError(parts.hostname or "", parts.port or 0, bad)
+        tls = parts.scheme == "https"
+        port = parts.port or (443 if tls else 80)
         path = parts.path or "/"
         if parts.query:
             path += "?" + parts.query
         netloc = parts.netloc.rpartition("@")[2]
         prefix = f"POST {path} HTTP/1.1\r\nHost: {netloc}\r\n".encode("latin-1")
-        target = _Target(parts.hostname, port, prefix)
+        target = _Target(parts.hostname, port, tls, prefix)
         if len(self._targets) < 4096:
             self._targets[url] = target
         return target
 
     async def _acquire(self, target: _Target, connect_s: float | None) -> tuple[_Conn, bool]:
         """A pooled connection to ``target`` (True), else a new one once the limit allows."""
-        key = (target.host, target.port)
+        key = target.key
         while True:
             idle = self._idle.get(key)
             while idle:
@@ -163,12 +174,16 @@ class UpstreamClient:
             await waiter
 
     async def _connect(
-        self, target: _Target, key: tuple[str, int], timeout_s: float | None
+        self, target: _Target, key: tuple[str, int, bool], timeout_s: float | None
     ) -> _Conn:
         conn = _Conn(self, key)
         self._open.add(conn)
         try:
-            coro = self.loop.create_connection(lambda: conn, target.host, target.port)
+            tls = self._tls_context() if target.tls else None
+            coro = self.loop.create_connection(
+                lambda: conn, target.host, target.port, ssl=tls,
+                server_hostname=target.host if tls is not None else None,
+            )  # fmt: skip
             if timeout_s is None:
                 await coro
             else:
@@ -184,6 +199,11 @@ class UpstreamClient:
             conn.abort(UpstreamClosed("the upstream client is closed"))
             raise UpstreamClosed("the upstream client is closed")
         return conn
+
+    def _tls_context(self) -> ssl.SSLContext:
+        if self._tls is None:
+            self._tls = ssl.create_default_context()
+        return self._tls
 
     def release(self, conn: _Conn) -> None:
         """A connection whose answer ended cleanly: keep it for the next call."""

@@ -246,7 +246,7 @@ class ResponseHeaders:
 class _Conn(asyncio.Protocol):
     """One keep-alive connection and the parser of the answer currently on it."""
 
-    def __init__(self, pool: _Pool, key: tuple[str, int]) -> None:
+    def __init__(self, pool: _Pool, key: tuple[str, int, bool]) -> None:
         self.pool = pool
         self.key = key
         self.loop = pool.loop

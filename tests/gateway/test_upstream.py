@@ -279,3 +279,26 @@ async def test_connection_limit_makes_calls_wait() -> None:
         assert await asyncio.gather(one(), one(), one()) == [b"ok"] * 3
         assert most == 1 and server.connections == 1
         await client.close()
+
+
+async def test_https_urls_speak_tls_and_bad_urls_are_connect_errors() -> None:
+    hellos: list[bytes] = []
+
+    async def plain(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        hellos.append(await reader.read(3))
+        writer.write(b"HTTP/1.1 400 Bad Request\r\n\r\n")  # not a TLS server hello
+        await writer.drain()
+        writer.close()
+
+    srv = await asyncio.start_server(plain, "127.0.0.1", 0)
+    async with srv:
+        client = UpstreamClient()
+        tls_url = f"https://127.0.0.1:{srv.sockets[0].getsockname()[1]}/v1/completions"
+        with pytest.raises(UpstreamConnectError):
+            await client.post(tls_url, data=b"{}", timeout=aiohttp.ClientTimeout(total=5))
+        assert hellos and hellos[0][:1] == b"\x16"  # a TLS handshake record, not clear text
+        with pytest.raises(UpstreamConnectError):
+            await client.post("ftp://127.0.0.1/x", data=b"{}")
+        assert client.num_open == 0
+        await client.close()
+        await asyncio.sleep(0)
