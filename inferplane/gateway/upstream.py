@@ -59,6 +59,7 @@ __all__ = [
 ]
 
 _CONCAT_LIMIT_BYTES = 64 * 1024  # head and body sent as one buffer below this size
+_Limits = tuple[float | None, float | None, float | None]  # total, read, connect seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,10 +70,7 @@ class _Target:
     port: int
     tls: bool  # https
     prefix: bytes  # b"POST /path HTTP/1.1\r\nHost: h:p\r\n"
-
-    @property
-    def key(self) -> tuple[str, int, bool]:
-        return self.host, self.port, self.tls
+    key: tuple[str, int, bool]  # (host, port, tls): the pool it draws connections from
 
 
 class UpstreamClient:
@@ -86,6 +84,7 @@ class UpstreamClient:
         self._idle: dict[tuple[str, int, bool], list[_Conn]] = {}
         self._targets: dict[str, _Target] = {}
         self._tls: ssl.SSLContext | None = None
+        self._timeouts: dict[int, tuple[aiohttp.ClientTimeout, _Limits]] = {}
         self._slot_waiters: deque[asyncio.Future[None]] = deque()
         self._closed = False
 
@@ -109,11 +108,7 @@ class UpstreamClient:
             raise UpstreamClosed("the upstream client is closed")
         target = self._targets.get(url) or self._target(url)
         request = _encode(target.prefix, data, headers)
-        total_s = sock_read_s = connect_s = None
-        if timeout is not None:
-            total_s, sock_read_s = timeout.total, timeout.sock_read
-            limits = (timeout.sock_connect, timeout.connect, total_s)
-            connect_s = min((s for s in limits if s), default=None)  # total covers it too
+        total_s, sock_read_s, connect_s = self._limits(timeout)
         started_s = self.loop.time()
         for attempt in (0, 1):
             conn, reused = await self._acquire(target, connect_s)
@@ -139,6 +134,21 @@ class UpstreamClient:
                 raise
         raise AssertionError("unreachable")
 
+    def _limits(self, timeout: aiohttp.ClientTimeout | None) -> _Limits:
+        """(total, read, connect) seconds of ``timeout``; the proxy reuses a few objects."""
+        if timeout is None:
+            return None, None, None
+        found = self._timeouts.get(id(timeout))
+        if found is not None and found[0] is timeout:
+            return found[1]
+        limits = (timeout.sock_connect, timeout.connect, timeout.total)
+        connect_s = min((s for s in limits if s), default=None)  # total covers it too
+        out = (timeout.total, timeout.sock_read, connect_s)
+        if len(self._timeouts) >= 256:
+            self._timeouts.clear()
+        self._timeouts[id(timeout)] = (timeout, out)
+        return out
+
     def _target(self, url: str) -> _Target:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -151,7 +161,7 @@ class UpstreamClient:
             path += "?" + parts.query
         netloc = parts.netloc.rpartition("@")[2]
         prefix = f"POST {path} HTTP/1.1\r\nHost: {netloc}\r\n".encode("latin-1")
-        target = _Target(parts.hostname, port, tls, prefix)
+        target = _Target(parts.hostname, port, tls, prefix, (parts.hostname, port, tls))
         if len(self._targets) < 4096:
             self._targets[url] = target
         return target
