@@ -13,6 +13,8 @@ finish here (engine scrapes) are seen within ``poll_interval_s``.
 With a shared state store (Redis), request and token rates are taken from the shared
 buckets first (:class:`~inferplane.state.quota_client.SharedQuotas`), so quotas hold across
 workers and replicas; those use the wall clock (replicas share it), the rest the loop clock.
+Token settlements (used minus reserved) are summed per tenant and key and charged every
+``settle_interval_s`` (50 ms): one store call per scope, not one per request.
 The workflow ledger is shared too (:class:`~inferplane.gateway.shared_ledger.SharedLedger`):
 a workflow call reads the workflow's shared record (bounded, alongside the quota take)
 before admission weighs it, and every change goes to the store from a background task.
@@ -74,6 +76,11 @@ class AdmissionGate:
         self._waiters: dict[str, asyncio.Future[QueueExit]] = {}
         # shared quota reservations: request id -> (tenant, key, tokens)
         self._reserved: dict[str, tuple[str, str | None, int]] = {}
+        # token settlements not yet charged, summed per (tenant, key): one store call per
+        # scope every ``settle_interval_s`` instead of one per request
+        self._settle_due: dict[tuple[str, str | None], int] = {}
+        self._settling: asyncio.Task[None] | None = None
+        self.settle_interval_s = 0.05
         self._pending = 0  # dispatched, not yet resumed (not in the tracker's in-flight yet)
         self._wake = asyncio.Event()
         self.ledger_sync: SharedLedger | None = None
@@ -209,6 +216,8 @@ class AdmissionGate:
             sync.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sync
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.wait_for(self.flush_settlements(), 1.0)
 
     async def end_workflow(self, workflow_id: str) -> bool:
         """The client reported the workflow's outcome: forget it here (and in the store)."""
@@ -261,16 +270,27 @@ class AdmissionGate:
         if held is None or self._shared is None:
             return
         tenant, key, reserved = held
-        task = asyncio.ensure_future(
-            self._shared.settle(tenant, key, reserved, num_tokens, time.time())
-        )
-        task.add_done_callback(_ignore_errors)
+        if num_tokens == reserved:
+            return
+        scope = (tenant, key)
+        self._settle_due[scope] = self._settle_due.get(scope, 0) + num_tokens - reserved
+        if self._settling is None or self._settling.done():
+            self._settling = asyncio.ensure_future(self._settle_soon())
 
+    async def _settle_soon(self) -> None:
+        await asyncio.sleep(self.settle_interval_s)
+        await self.flush_settlements()
 
-def _ignore_errors(task: asyncio.Future[None]) -> None:
-    with contextlib.suppress(asyncio.CancelledError):
-        if task.exception() is not None:
-            log.warning("shared quota settlement failed", exc_info=task.exception())
+    async def flush_settlements(self) -> None:
+        """Charge (or refund) every token settlement not yet sent to the shared store."""
+        due, self._settle_due = self._settle_due, {}
+        for (tenant, key), delta in due.items():
+            if self._shared is None or not delta:
+                continue
+            try:
+                await self._shared.settle(tenant, key, 0, delta, time.time())
+            except Exception:  # the resilient store does not raise; a plain one may
+                log.warning("shared quota settlement failed", exc_info=True)
 
 
 def _refusal(status: int, message: str, code: str, retry_after_s: int) -> ApiError:

@@ -3,7 +3,8 @@
 Covers the rules the Redis tests cannot force: a read that hangs is given up after the
 read timeout (the call is judged on the local view, counted), a read within the freshness
 window is skipped, and the flusher leaves both the store and the writer's own ledger with
-the same record. And ``GET /v1/workflows/{id}`` shows a tenant only its own workflows.
+the same record. And ``GET /v1/workflows/{id}`` shows a tenant only its own workflows,
+and token settlements reach the store summed (one charge per scope per interval).
 """
 
 from __future__ import annotations
@@ -11,17 +12,23 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import aiohttp
 
 from inferplane.config import ApiKeyConfig, AuthConfig
 from inferplane.core.admission import Admission
-from inferplane.core.state import WorkflowDelta
+from inferplane.core.admission_config import AdmissionConfig, QuotaLimits, QuotasConfig
+from inferplane.core.predictor import LatencyPredictor
+from inferplane.core.state import BucketTake, WorkflowDelta
 from inferplane.core.types import CallContext, PriorityClass
 from inferplane.core.workflows import WorkflowRecord
+from inferplane.gateway.admission_gate import AdmissionGate
+from inferplane.gateway.metrics import GatewayMetrics
 from inferplane.gateway.shared_ledger import SharedLedger
 from inferplane.state.memory import MemoryStore
+from inferplane.state.quota_client import SharedQuotas
 from tests.gateway.fakes import fake_engines, fleet_config
 from tests.gateway.test_shared_ledger import start_gateway
 
@@ -130,3 +137,37 @@ async def test_the_workflow_view_shows_a_tenant_only_its_own_workflows() -> None
     assert got["k-other"][0] == 404  # another tenant's workflow reads as unknown
     assert got["k-other"][1]["error"]["code"] == "workflow_not_found"
     assert got[None][0] == 401
+
+
+class CountingStore(MemoryStore):
+    """Records every charge (settlements) it is sent."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.charges: list[list[BucketTake]] = []
+
+    async def charge(self, takes: Sequence[BucketTake], now: float) -> None:
+        self.charges.append(list(takes))
+        await super().charge(takes, now)
+
+
+async def test_token_settlements_are_summed_into_one_charge_per_scope() -> None:
+    store = CountingStore()
+    limits = QuotaLimits(requests_per_min=1000, tokens_per_min=100_000)
+    config = AdmissionConfig(quotas=QuotasConfig(default_tenant=limits))
+    shared = SharedQuotas(store, config.quotas)
+    gate = AdmissionGate(
+        config, LatencyPredictor(), lambda now, model: [], Clock(), GatewayMetrics(), shared
+    )
+    calls = [_call(step, wid=f"w{step}") for step in range(1, 6)]
+    for call in calls:
+        await gate._take_shared(call, None)
+    reserved = shared.reserve_tokens(10, 10)
+    for call in calls:
+        gate.leave(call, num_tokens=15)
+    assert store.charges == []  # not one store call per request...
+    await asyncio.sleep(gate.settle_interval_s * 4)
+    assert len(store.charges) == 1  # ...one for all five, with their sum
+    (charge,) = store.charges[0]
+    assert charge.bucket.key.endswith("tokens_per_min")
+    assert charge.amount == 5 * (15 - reserved)
