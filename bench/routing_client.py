@@ -44,8 +44,8 @@ class CallResult:
     ttft_s: float | None  # from the first attempt, retries and their waits included
     text: str
     error: str | None  # "http 429 <code>", "sse <code>", "client timeout", an exception name
-    retry_after_s: float | None = None  # a 429's Retry-After (the client may try again)
-    rejected: int = 0  # 429s this call got before this outcome (each retried)
+    retry_after_s: float | None = None  # set when the client may try again (see _retry_wait_s)
+    rejected: int = 0  # refusals this call got before this outcome (each retried)
 
 
 def _error_code(raw: bytes) -> str:
@@ -56,12 +56,14 @@ def _error_code(raw: bytes) -> str:
 
 
 def _retry_after_s(resp: aiohttp.ClientResponse) -> float | None:
-    if resp.status != 429:
+    """Like the OpenAI SDKs: 408, 409, 429 and 5xx are retried, after the server's
+    Retry-After when it gives one (0.0 here: the caller backs off on its own)."""
+    if resp.status not in (408, 409, 429) and resp.status < 500:
         return None
     try:
-        return max(0.0, float(resp.headers.get("Retry-After", "1")))
+        return max(0.0, float(resp.headers.get("Retry-After", "0")))
     except ValueError:
-        return 1.0
+        return 0.0
 
 
 async def stream_call(
@@ -209,15 +211,16 @@ async def measure(
         counter = iter(range(1 << 62))
 
         async def send(body: dict[str, Any], headers: dict[str, str]) -> CallResult:
-            # Like the OpenAI SDKs: a 429 is retried after its Retry-After (capped), twice
-            # by default; TTFT counts from the first attempt.
+            # Like the OpenAI SDKs: a refusal (429, 5xx) is retried after its Retry-After
+            # (capped) or a backoff, twice by default; TTFT counts from the first attempt.
             start = time.perf_counter()
             for rejected in range(retries + 1):
                 url = send_to[next(counter) % len(send_to)]
                 result = await stream_call(session, url, body, headers, start)
                 if result.retry_after_s is None or rejected == retries:
                     return replace(result, rejected=rejected + (result.retry_after_s is not None))
-                await asyncio.sleep(min(result.retry_after_s, MAX_RETRY_WAIT_S))
+                backoff_s = 0.5 * 2**rejected  # the SDKs' default when no Retry-After
+                await asyncio.sleep(min(result.retry_after_s or backoff_s, MAX_RETRY_WAIT_S))
             raise AssertionError("unreachable")
 
         kv_blocks = await fleet_kv_blocks(session, engine_urls)

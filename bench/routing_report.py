@@ -81,9 +81,11 @@ def table(workload: str, results: dict[str, dict[str, Any]], args: argparse.Name
         )
         if r["error_kinds"] or r["rejected_429"]:
             lines.append(
-                f"  {policy}: errors {r['error_kinds']}; 429s {r['rejected_429']}, calls that"
-                f" succeeded on a retry {r['retried_ok']}"
+                f"  {policy}: errors {r['error_kinds']}; retried refusals {r['rejected_429']},"
+                f" calls that succeeded on a retry {r['retried_ok']}"
             )
+        if r.get("endpoint_state_changes"):
+            lines.append(f"  {policy}: endpoint state changes {r['endpoint_state_changes']}")
         if "sessions" in r:
             lines.append(
                 f"  {policy}: {r['sessions_ok']}/{r['sessions']} sessions completed; failed at"
