@@ -184,7 +184,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _wait_http(url: str, timeout_s: float = 20.0) -> None:
+def _wait_http(url: str, timeout_s: float = 60.0) -> None:
     import urllib.request
 
     deadline = time.time() + timeout_s

@@ -37,15 +37,14 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from inferplane.gateway.upstream_conn import (
-    _IDLE,
+from inferplane.gateway.upstream_conn import IDLE, Connection
+from inferplane.gateway.upstream_response import (
     ResponseHeaders,
     UpstreamClosed,
     UpstreamConnectError,
     UpstreamDisconnected,
     UpstreamProtocolError,
     UpstreamResponse,
-    _Conn,
 )
 
 __all__ = [
@@ -80,8 +79,8 @@ class UpstreamClient:
         self.loop = asyncio.get_running_loop()
         self._limit = limit
         self._max_idle = max_idle_per_host
-        self._open: set[_Conn] = set()
-        self._idle: dict[tuple[str, int, bool], list[_Conn]] = {}
+        self._open: set[Connection] = set()
+        self._idle: dict[tuple[str, int, bool], list[Connection]] = {}
         self._targets: dict[str, _Target] = {}
         self._tls: ssl.SSLContext | None = None
         self._timeouts: dict[int, tuple[aiohttp.ClientTimeout, _Limits]] = {}
@@ -166,7 +165,7 @@ class UpstreamClient:
             self._targets[url] = target
         return target
 
-    async def _acquire(self, target: _Target, connect_s: float | None) -> tuple[_Conn, bool]:
+    async def _acquire(self, target: _Target, connect_s: float | None) -> tuple[Connection, bool]:
         """A pooled connection to ``target`` (True), else a new one once the limit allows."""
         key = target.key
         while True:
@@ -185,8 +184,8 @@ class UpstreamClient:
 
     async def _connect(
         self, target: _Target, key: tuple[str, int, bool], timeout_s: float | None
-    ) -> _Conn:
-        conn = _Conn(self, key)
+    ) -> Connection:
+        conn = Connection(self, key)
         self._open.add(conn)
         try:
             tls = self._tls_context() if target.tls else None
@@ -215,7 +214,7 @@ class UpstreamClient:
             self._tls = ssl.create_default_context()
         return self._tls
 
-    def release(self, conn: _Conn) -> None:
+    def release(self, conn: Connection) -> None:
         """A connection whose answer ended cleanly: keep it for the next call."""
         if self._closed or conn.lost:
             return
@@ -229,7 +228,7 @@ class UpstreamClient:
         idle.append(conn)
         self._wake_one()
 
-    def forget(self, conn: _Conn) -> None:
+    def forget(self, conn: Connection) -> None:
         """``conn`` is closed or closing: it no longer counts against the limit."""
         if conn.forgotten:
             return
@@ -263,7 +262,7 @@ class UpstreamClient:
         """Close every connection; answers still being read fail with ``UpstreamClosed``."""
         self._closed = True
         for conn in list(self._open):
-            if conn.state == _IDLE:
+            if conn.state == IDLE:
                 conn.lost = True
                 if conn.transport is not None:
                     conn.transport.close()

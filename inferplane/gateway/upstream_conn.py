@@ -1,7 +1,7 @@
 """The connection half of the upstream client: one keep-alive HTTP/1.1 connection as an
-asyncio Protocol that parses each answer as it arrives, and the response readers see.
+asyncio Protocol that parses each answer as it arrives.
 
-``_Conn.data_received`` parses the head, then the body by Content-Length, chunked coding or
+``Connection.data_received`` parses the head, then the body by Content-Length, chunked coding or
 until the engine closes, and hands body bytes to the current :class:`UpstreamResponse`,
 waking its reader only when it asked for them (a whole-body reader is woken once, at the
 end). A connection whose answer ended cleanly goes back to its pool (``UpstreamClient`` in
@@ -15,66 +15,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import AsyncIterator
-from types import TracebackType
 from typing import Protocol, cast
 
-import aiohttp
+from inferplane.gateway.upstream_response import (
+    ResponseHeaders,
+    UpstreamDisconnected,
+    UpstreamProtocolError,
+    UpstreamResponse,
+)
 
-__all__ = [
-    "ResponseHeaders",
-    "UpstreamClosed",
-    "UpstreamConnectError",
-    "UpstreamDisconnected",
-    "UpstreamProtocolError",
-    "UpstreamResponse",
-]
+__all__ = ["BODY", "HEAD", "IDLE", "Connection"]
 
 _MAX_HEAD_BYTES = 64 * 1024
 _MAX_CHUNK_LINE_BYTES = 1024
 _DRAIN_LIMIT_S = 1.0  # how long a finished reader's leftover body may take to arrive
 
 # parser states of a connection
-_IDLE, _HEAD, _BODY = 0, 1, 2
+IDLE, HEAD, BODY = 0, 1, 2
 # chunked-coding states
 _SIZE, _DATA, _CRLF, _TRAILER = 0, 1, 2, 3
-
-
-class UpstreamConnectError(aiohttp.ClientConnectorError):
-    """The engine could not be reached (refused, unreachable): no request was sent."""
-
-    def __init__(self, host: str, port: int, os_error: OSError) -> None:
-        self._where = (host, port)
-        self._os_error = os_error
-        OSError.__init__(self, os_error.errno, os_error.strerror)
-        self.args = (host, port, os_error)
-
-    @property
-    def host(self) -> str:
-        return self._where[0]
-
-    @property
-    def port(self) -> int | None:
-        return self._where[1]
-
-    @property
-    def ssl(self) -> bool:
-        return False
-
-    def __str__(self) -> str:
-        return f"cannot connect to {self._where[0]}:{self._where[1]} [{self.strerror}]"
-
-
-class UpstreamDisconnected(aiohttp.ServerDisconnectedError):
-    """The engine closed the connection before its answer was complete."""
-
-
-class UpstreamProtocolError(aiohttp.ClientPayloadError):
-    """The engine's answer is not valid HTTP/1.1 (bad status line, header or chunk)."""
-
-
-class UpstreamClosed(aiohttp.ClientConnectionError):
-    """The response was closed by its reader (or the client shut down)."""
 
 
 class _Pool(Protocol):
@@ -82,168 +41,12 @@ class _Pool(Protocol):
 
     loop: asyncio.AbstractEventLoop
 
-    def release(self, conn: _Conn) -> None: ...
+    def release(self, conn: Connection) -> None: ...
 
-    def forget(self, conn: _Conn) -> None: ...
-
-
-class UpstreamResponse:
-    """One engine answer; the body is delivered by the connection as it arrives."""
-
-    __slots__ = (
-        "_body",
-        "_chunks",
-        "_conn",
-        "_discard",
-        "_done",
-        "_exc",
-        "_sock_read_s",
-        "_waiter",
-        "_wake_any",
-        "headers",
-        "status",
-    )
-
-    def __init__(self, conn: _Conn, sock_read_s: float | None) -> None:
-        self._conn: _Conn | None = conn
-        self._sock_read_s = sock_read_s
-        self.status = 0
-        self.headers = ResponseHeaders({})
-        self._chunks: list[bytes] = []
-        self._body: bytes | None = None
-        self._done = False
-        self._exc: BaseException | None = None
-        self._waiter: asyncio.Future[None] | None = None
-        self._wake_any = True
-        self._discard = False
-
-    # ---- fed by the connection ----------------------------------------------------------
-
-    def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    def _fail(self, exc: BaseException) -> None:
-        if self._exc is None and not self._done:
-            self._exc = exc
-        self._conn = None
-        self._wake()
-
-    # ---- what readers use ---------------------------------------------------------------
-
-    @property
-    def content(self) -> UpstreamResponse:
-        """aiohttp's ``resp.content``: this object (``iter_any`` is here)."""
-        return self
-
-    async def _wait(self) -> None:
-        conn = self._conn
-        if conn is None:
-            raise self._exc or UpstreamClosed("response is closed")
-        loop = conn.loop
-        waiter = self._waiter = loop.create_future()
-        timer = None
-        if self._sock_read_s is not None:
-            timer = loop.call_later(self._sock_read_s, conn.timed_out)
-        try:
-            await waiter
-        finally:
-            self._waiter = None
-            if timer is not None:
-                timer.cancel()
-
-    async def _head(self) -> None:
-        while not self.status:
-            if self._exc is not None:
-                raise self._exc
-            await self._wait()
-
-    async def read(self) -> bytes:
-        """The whole body (waits for its end)."""
-        if self._body is not None:
-            return self._body
-        self._wake_any = False
-        while not self._done:
-            if self._exc is not None:
-                raise self._exc
-            await self._wait()
-        chunks = self._chunks
-        self._chunks = []
-        self._body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        return self._body
-
-    async def readany(self) -> bytes:
-        """The next body bytes as they arrive (the network's boundaries); b"" at the end."""
-        self._wake_any = True
-        while not self._chunks:
-            if self._done:
-                return b""
-            if self._exc is not None:
-                raise self._exc
-            await self._wait()
-        chunks = self._chunks
-        self._chunks = []
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-    async def iter_any(self) -> AsyncIterator[bytes]:
-        """``readany`` until the body ends."""
-        while data := await self.readany():
-            yield data
-
-    def close(self) -> None:
-        """Stop reading: an unfinished answer's connection is aborted (the engine sees it)."""
-        conn = self._conn
-        if conn is not None and not self._done:
-            conn.abort(UpstreamClosed("response is closed"))
-        self._conn = None
-
-    def release(self) -> None:
-        """Reading is over: pool the connection once the rest of the body has arrived."""
-        conn = self._conn
-        if conn is None or self._done:
-            return
-        self._discard = True
-        self._chunks = []
-        conn.drain()
-
-    async def __aenter__(self) -> UpstreamResponse:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if exc_type is None:
-            self.release()
-        else:
-            self.close()
+    def forget(self, conn: Connection) -> None: ...
 
 
-class ResponseHeaders:
-    """Response headers by lower-case name (``get`` ignores case, as aiohttp's does)."""
-
-    __slots__ = ("_by_name",)
-
-    def __init__(self, by_name: dict[str, str]) -> None:
-        self._by_name = by_name
-
-    def get(self, name: str, default: str | None = None) -> str | None:
-        return self._by_name.get(name.lower(), default)
-
-    def __getitem__(self, name: str) -> str:
-        return self._by_name[name.lower()]
-
-    def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and name.lower() in self._by_name
-
-    def items(self) -> list[tuple[str, str]]:
-        return list(self._by_name.items())
-
-
-class _Conn(asyncio.Protocol):
+class Connection(asyncio.Protocol):
     """One keep-alive connection and the parser of the answer currently on it."""
 
     def __init__(self, pool: _Pool, key: tuple[str, int, bool]) -> None:
@@ -254,7 +57,7 @@ class _Conn(asyncio.Protocol):
         self.lost = False
         self.forgotten = False
         self.resp: UpstreamResponse | None = None
-        self.state = _IDLE
+        self.state = IDLE
         self.got_bytes = False
         self.head = b""
         self.remaining = 0  # Content-Length bytes still due
@@ -276,23 +79,23 @@ class _Conn(asyncio.Protocol):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def data_received(self, data: bytes) -> None:
-        if self.state == _IDLE:  # bytes nobody asked for: the connection is unusable
+        if self.state == IDLE:  # bytes nobody asked for: the connection is unusable
             self.abort(UpstreamProtocolError("unexpected bytes on an idle connection"))
             return
         self.got_bytes = True
         try:
-            if self.state == _HEAD:
+            if self.state == HEAD:
                 data = self._feed_head(data)
-            if self.state == _BODY and data:
+            if self.state == BODY and data:
                 self._feed_body(data)
         except UpstreamProtocolError as exc:
             self.abort(exc)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
-        if self.state == _BODY and self.until_close:
+        if self.state == BODY and self.until_close:
             self._complete()
-        elif self.state != _IDLE:
+        elif self.state != IDLE:
             self._end(UpstreamDisconnected("engine closed the connection"))
         self.pool.forget(self)
 
@@ -300,7 +103,7 @@ class _Conn(asyncio.Protocol):
 
     def start(self, resp: UpstreamResponse, total_s: float | None) -> None:
         self.resp = resp
-        self.state = _HEAD
+        self.state = HEAD
         self.got_bytes = False
         self.head = b""
         self.cstate = _SIZE
@@ -327,7 +130,7 @@ class _Conn(asyncio.Protocol):
         resp = self.resp
         self._stop_timers()
         self.resp = None
-        self.state = _IDLE
+        self.state = IDLE
         if resp is not None:
             resp._fail(exc)
 
@@ -343,7 +146,7 @@ class _Conn(asyncio.Protocol):
         resp = self.resp
         self._stop_timers()
         self.resp = None
-        self.state = _IDLE
+        self.state = IDLE
         if resp is not None:
             resp._done = True
             resp._conn = None
@@ -403,7 +206,7 @@ class _Conn(asyncio.Protocol):
         self.keep_alive = "keep-alive" in connection if http10 else "close" not in connection
         self.chunked = "chunked" in by_name.get("transfer-encoding", "").lower()
         self.until_close = False
-        self.state = _BODY
+        self.state = BODY
         if status in (204, 304):
             self._complete()
         elif self.chunked:
@@ -442,7 +245,7 @@ class _Conn(asyncio.Protocol):
     def _feed_chunked(self, data: bytes) -> None:
         buf = self.cbuf + data if self.cbuf else data
         pos, size = 0, len(buf)
-        while pos < size and self.state == _BODY:
+        while pos < size and self.state == BODY:
             if self.cstate == _DATA:
                 take = buf[pos : pos + self.remaining]
                 pos += len(take)
@@ -471,7 +274,7 @@ class _Conn(asyncio.Protocol):
                     self._complete()
                 continue
             self._chunk_size(line)
-        self.cbuf = buf[pos:] if self.state == _BODY else b""
+        self.cbuf = buf[pos:] if self.state == BODY else b""
 
     def _chunk_size(self, line: bytes) -> None:
         digits = line.split(b";", 1)[0].strip()
