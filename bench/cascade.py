@@ -115,7 +115,8 @@ _STATUSES: Counter[str] = Counter()  # refusals the clients got, "status code"
 
 def _code_of(body: bytes) -> str:
     try:
-        return str(orjson.loads(body)["error"].get("code"))
+        error = orjson.loads(body)["error"]
+        return f"{error.get('code')}: {str(error.get('message'))[:70]}"
     except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
         return "?"
 

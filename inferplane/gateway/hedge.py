@@ -21,7 +21,7 @@ The proxy calls ``post`` where it would call ``session.post``; it returns the wi
 response with the bytes read during the race put back in front (``hedge_io.Primed``). When a hedge
 took the attempt over, ``settle`` tells the proxy which endpoint, start time and prediction
 to account the attempt to; every other attempt of the race is accounted here (the tracker's
-in-flight count, the breaker: a cancelled loser's wait is a lower bound of its TTFT).
+in-flight count, the breaker: a cancelled loser counts as cancelled, with no latency).
 A losing attempt's work counts as wasted: its prompt tokens in ``wasted_prefill_tokens``
 and its engine time in ``counts['hedge_wasted_ms']``; when the hedge wins, the app's attempt
 hook moves the call's spend meter over to it, so the first attempt's share is retry spend.
@@ -199,7 +199,6 @@ class Hedging:
         """Account for an attempt that is out of the race (``lost``: cancelled by a win)."""
         racer.retired = True
         now = self._clock()
-        timing = AttemptTiming()
         if lost:
             stop(racer.task)
             waited_s = now - racer.started_s
@@ -207,13 +206,12 @@ class Hedging:
             counts["hedge_cancelled"] += 1
             counts["hedge_wasted_ms"] += round(1e3 * waited_s)
             call.ex.wasted_prefill_tokens += call.ctx.num_prompt_tokens
-            ttft = racer.predicted[0]
-            if ttft is not None and waited_s > ttft:  # a lower bound of its TTFT
-                timing = AttemptTiming(waited_s, ttft)
+            # No latency sample: its wait is only a lower bound, and a biased one (the race
+            # is lost by whoever was slower this time), so it is no evidence of an outlier.
         elif failure is FailureKind.CONNECT:
             self._tracker.report_connect_error(racer.endpoint)
         self._tracker.release(racer.endpoint)
-        self._rel.record(racer.endpoint, failure, timing, now)
+        self._rel.record(racer.endpoint, failure, AttemptTiming(), now)
 
 
 class _Race:
