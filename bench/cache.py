@@ -270,7 +270,8 @@ def print_report(result: dict[str, Any]) -> None:
         print_faq(rows, name)
     print_latency(result)
     print(f"\n(1-minute load average on this 2-core machine: {result['load_average_1m']:.1f} "
-          f"at the start, {result['load_average_end_1m']:.1f} at the end)")  # fmt: skip
+          f"at the start, {result['load_average_end_1m']:.1f} at the end; "
+          f"nice {os.nice(0)})")  # fmt: skip
     print(f"\nSample of distinct semantic hits at threshold {result['sample_threshold']:.2f} "
           "(query -> question whose answer was served):")  # fmt: skip
     for wrong, sim, query, original in result["sample"]:
@@ -294,7 +295,10 @@ async def measure_latency(args: argparse.Namespace, reference: Embedder) -> dict
     index_ms = index_lookup_ms(10_000, 500 if args.quick else 2000, 2)
     out["index_ms"] = {"rows": 10_000, "p50": pct(index_ms, 50), "p99": pct(index_ms, 99)}
     lookups: list[dict[str, Any]] = []
-    for name, model in (("reference", reference), ("fast", fast)):
+    lookup_models: list[tuple[str, Embedder]] = [("reference", reference), ("fast", fast)]
+    if args.variants:
+        lookup_models.append(("int8 (opt-in)", variants["fast, int8 (opt-in, lossy)"][0]))
+    for name, model in lookup_models:
         r = await lat.lookup_latency(model, chat, ctx_for, 10_000, repeats)
         lookups.append({"embedder": name, "clients": 1, "max_batch": 1, **r})
     for clients, max_batch in ((8, 1), (8, 32)):
@@ -309,6 +313,7 @@ async def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smaller workloads")
     parser.add_argument("--no-redis", action="store_true", help="skip the Redis backend")
     parser.add_argument("--variants", action="store_true", help="also time fp32/eager/2 threads")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where the JSON goes")
     args = parser.parse_args()
     n_eval, n_faq = (600, 300) if args.quick else (3000, 800)
     load_start = os.getloadavg()[0]
@@ -337,9 +342,10 @@ async def main() -> None:
         for r in rows:
             r.pop("samples")
     print_report(result)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2, default=str))
-    print(f"\nwritten to {RESULTS}")
+    result["nice"] = os.nice(0)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2, default=str))
+    print(f"\nwritten to {args.out}")
 
 
 if __name__ == "__main__":

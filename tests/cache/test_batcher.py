@@ -129,9 +129,11 @@ async def test_a_cancelled_caller_does_not_disturb_the_others() -> None:
 
 async def test_a_window_gathers_requests_before_the_first_batch() -> None:
     model = GatedEmbedder()
-    batcher = EmbeddingBatcher(model, window_s=0.01)
+    batcher = EmbeddingBatcher(model, window_s=0.3)
     first = asyncio.create_task(batcher.embed("a"))
-    await asyncio.sleep(0.001)  # the first request is waiting for company, not running
+    for _ in range(3):  # a few loop turns: the first request waits for company, not running
+        await asyncio.sleep(0)
+    assert not model.calls
     second = asyncio.create_task(batcher.embed("b"))
     await asyncio.gather(first, second)
     assert model.calls == [["a", "b"]]
