@@ -64,6 +64,7 @@ class CallResult:
     e2e_s: float | None
     ok: bool
     work_tokens: int  # uncached prompt plus completion, from the usage chunk
+    why: str = ""  # a failure: HTTP status and error code, or the exception
 
 
 def rate_factor(t: float, args: argparse.Namespace) -> float:
@@ -133,8 +134,9 @@ class Driver:
                 self.url + "/v1/chat/completions", data=orjson.dumps(body), headers=headers
             ) as resp:
                 if resp.status != 200:
-                    await resp.read()
-                    return CallResult(start - self._start, None, None, False, 0)
+                    err = orjson.loads(await resp.read() or b"{}").get("error") or {}
+                    why = f"{resp.status} {err.get('code') or err.get('type') or ''}"
+                    return CallResult(start - self._start, None, None, False, 0, why)
                 async for line in resp.content:
                     if not line.startswith(b"data: "):
                         continue
@@ -143,16 +145,17 @@ class Driver:
                         return CallResult(start - self._start, ttft, e2e, True, work)
                     chunk = orjson.loads(line[6:])
                     if "error" in chunk:
-                        break
+                        why = f"stream {(chunk['error'] or {}).get('code')}"
+                        return CallResult(start - self._start, ttft, None, False, work, why)
                     if ttft is None and chunk.get("choices"):
                         ttft = loop.time() - start
                     usage = chunk.get("usage")
                     if usage:
                         cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
                         work = usage["prompt_tokens"] - (cached or 0) + usage["completion_tokens"]
-        except (aiohttp.ClientError, TimeoutError, ValueError):
-            pass
-        return CallResult(start - self._start, ttft, None, False, work)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            return CallResult(start - self._start, ttft, None, False, work, type(exc).__name__)
+        return CallResult(start - self._start, ttft, None, False, work, "stream ended")
 
 
 async def run_arm(arm: str, replicas: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -187,7 +190,7 @@ async def run_arm(arm: str, replicas: int, args: argparse.Namespace) -> dict[str
     try:
         await _ready(gateway, [s.name for s in slots[:replicas]])
         driver = Driver(url, args)
-        series: list[tuple[float, int, int]] = []  # (t, started engines, ready ones)
+        series: list[tuple[float, int, int, str]] = []  # (t, started, ready, states)
         sampler = asyncio.create_task(_sample(fleet, gateway, series, slots))
         started = time.monotonic()
         await driver.run()
@@ -210,21 +213,29 @@ async def _ready(gateway: Gateway, names: list[str]) -> None:
 
 
 async def _sample(
-    fleet: EmbeddedFleet, gateway: Gateway, series: list[tuple[float, int, int]], slots: Any
+    fleet: EmbeddedFleet, gateway: Gateway, series: list[tuple[float, int, int, str]], slots: Any
 ) -> None:
+    """Each second: engines started (paid for), engines ready, and every slot's state
+    (first letter of the tracker's state; upper case when its engine runs, else lower)."""
     start = time.monotonic()
     while True:
-        ready = sum(gateway.tracker.state(s.name) is EndpointState.READY for s in slots)
-        series.append((time.monotonic() - start, len(fleet.servers), ready))
+        states = [gateway.tracker.state(s.name) for s in slots]
+        ready = sum(st is EndpointState.READY and s.name in fleet.servers
+                    for s, st in zip(slots, states, strict=True))  # fmt: skip
+        code = "".join(
+            st.value[0].upper() if s.name in fleet.servers else st.value[0]
+            for s, st in zip(slots, states, strict=True)
+        )
+        series.append((time.monotonic() - start, len(fleet.servers), ready, code))
         await asyncio.sleep(1.0)
 
 
 def summarise(
-    arm: str, driver: Driver, series: list[tuple[float, int, int]], elapsed: float,
+    arm: str, driver: Driver, series: list[tuple[float, int, int, str]], elapsed: float,
     decisions: list[Any], args: argparse.Namespace,
 ) -> dict[str, Any]:  # fmt: skip
     option = gpu_option(POOL, GPU, time_scale=args.time_scale)
-    gpu_s = sum(n * (series[i + 1][0] - t) for i, (t, n, _) in enumerate(series[:-1]))
+    gpu_s = sum(p[1] * (series[i + 1][0] - p[0]) for i, p in enumerate(series[:-1]))
     calls = driver.calls
     met = sum(
         c.ok and c.ttft_s is not None and c.ttft_s <= args.slo_ttft_s
@@ -238,6 +249,10 @@ def summarise(
             buckets.setdefault(int(c.sent_s // 10), []).append(c.work_tokens)
     peak_work = max((sum(w) / 10 for w in buckets.values()), default=0.0)
     ttfts = sorted(c.ttft_s for c in calls if c.ttft_s is not None)
+    failures: dict[str, int] = {}
+    for c in calls:
+        if not c.ok:
+            failures[c.why] = failures.get(c.why, 0) + 1
     return {
         "arm": arm, "calls": len(calls), "ok": sum(c.ok for c in calls),
         "slo_attainment": met / len(calls) if calls else None,
@@ -245,9 +260,10 @@ def summarise(
         "tasks_ok": driver.tasks_ok, "tasks_failed": driver.tasks_failed,
         "gpu_hours": gpu_s / 3600, "spend_usd": spend,
         "cost_per_successful_task_usd": spend / driver.tasks_ok if driver.tasks_ok else None,
-        "max_replicas": max(n for _, n, _ in series), "elapsed_s": elapsed,
+        "max_replicas": max(p[1] for p in series), "elapsed_s": elapsed,
         "peak_work_tokens_per_s": peak_work, "replica_tokens_per_s": option.tokens_per_s,
-        "series": [[round(t, 1), n, r] for t, n, r in series],
+        "series": [[round(t, 1), n, r, code] for t, n, r, code in series],
+        "failures": failures,
         "last_decisions": decisions,
     }  # fmt: skip
 

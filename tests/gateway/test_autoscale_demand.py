@@ -1,0 +1,46 @@
+"""The gateway's autoscale sensor: demand is calls that ended (refused too) at the mean work of a
+served call, where work leaves out cached prompt tokens."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter
+
+from inferplane.gateway.autoscale import AutoscaleConfig, AutoscaleController, PoolScaleConfig
+
+MODEL = "llama-3-8b"
+
+
+def _controller() -> tuple[AutoscaleController, Counter, Counter]:
+    registry = CollectorRegistry()
+    requests = Counter(
+        "inferplane_requests", "r", ("model", "priority", "status"), registry=registry
+    )
+    tokens = Counter("inferplane_tokens", "t", ("model", "kind"), registry=registry)
+    config = AutoscaleConfig(enabled=True, pools=(PoolScaleConfig(model=MODEL, gpus=("h100",)),))
+    return AutoscaleController(config, registry, lambda now: [], []), requests, tokens
+
+
+def _served(requests: Counter, tokens: Counter, calls: int, prompt: int, cached: int) -> None:
+    for _ in range(calls):
+        requests.labels(MODEL, "standard", "200").inc()
+        tokens.labels(MODEL, "prompt").inc(prompt)
+        tokens.labels(MODEL, "cached").inc(cached)
+        tokens.labels(MODEL, "completion").inc(100)
+
+
+def test_demand_counts_refused_calls_at_the_work_of_a_served_one() -> None:
+    ctl, requests, tokens = _controller()
+    ctl.sense(0.0)  # the counters' baseline
+    _served(requests, tokens, calls=10, prompt=1000, cached=800)  # work 300 per call
+    requests.labels(MODEL, "standard", "429").inc(5)  # refused: no tokens, still demand
+    (signal,) = ctl.sense(10.0)
+    assert signal.window_s == 10.0 and signal.requests == 15
+    assert signal.tokens == 15 * 300
+    assert signal.slo_attainment == 10 / 15
+    # A quiet window: no demand, no attainment.
+    (quiet,) = ctl.sense(20.0)
+    assert quiet.tokens == 0 and quiet.slo_attainment is None
+    # Later calls with no cache hits raise the mean work per call.
+    _served(requests, tokens, calls=10, prompt=500, cached=0)  # work 600 per call
+    (later,) = ctl.sense(30.0)
+    assert later.tokens == 10 * (10 * 300 + 10 * 600) / 20
