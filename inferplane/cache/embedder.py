@@ -119,6 +119,11 @@ class MiniLmEmbedder:
             self._tokenizer, self._torch = tokenizer, torch
             self.description = f"all-MiniLM-L6-v2, {kind}, {torch.get_num_threads()} thread(s)"
             self._encoder = encoder
+            # TorchScript specialises on its first runs: pay that here, not on a request
+            for batch in ([[101, 102]], [[101, 102]], [[101, 7592, 102], [101, 102, 0]]):
+                ids = torch.tensor(batch, dtype=torch.long)
+                with torch.inference_mode():
+                    encoder(ids, (ids != 0).to(torch.long))
 
     def embed(self, texts: Sequence[str]) -> Matrix:
         if self._encoder is None:
