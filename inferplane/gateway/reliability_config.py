@@ -5,7 +5,8 @@ Frozen pydantic models with defaults that are on, so a fleet config without a
 section turns into the pure core's own config value (``to_core``); ``enabled: false`` on a
 section gives the plain behaviour of a gateway without it (every failure before the first
 byte retried on the next ranked endpoint, no ejection, no resumption, no hedging).
-Hedging is on for critical calls only; other classes are added in ``hedge.classes``.
+Hedging is opt-in (``hedge.enabled``; then for critical calls, other classes are added in
+``hedge.classes``): in the cascade benchmark it never helped and one run collapsed.
 """
 
 from __future__ import annotations
@@ -98,9 +99,14 @@ class ThrottleSection(_Frozen):
 
 
 class HedgeSection(_Frozen):
-    """Hedging: a second attempt elsewhere when the first has no token by its p95 TTFT."""
+    """Hedging: a second attempt elsewhere when the first has no token by its p95 TTFT.
 
-    enabled: bool = True
+    Off by default: in ``bench/cascade.py`` the tail of TTFT was queueing on every engine
+    (a hedge queues too and lost 20 of 20 races in one run) or the slowed engine (which
+    outlier ejection removes), and one run with hedging collapsed (critical success 74%).
+    """
+
+    enabled: bool = False
     classes: tuple[PriorityClass, ...] = (PriorityClass.CRITICAL,)
     max_hedges: int = Field(default=1, ge=0, le=3)
     min_delay_s: float = Field(default=0.05, ge=0)

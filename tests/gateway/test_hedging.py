@@ -27,7 +27,7 @@ MODEL = "llama-3-8b"
 CHAT = "/v1/chat/completions"
 CRITICAL = {"X-Priority": "critical"}
 # A fast fleet and a short, fixed hedge delay: the timing is not what is under test.
-HEDGE = {"min_delay_s": 0.3, "default_delay_s": 0.3, "p95_over_mean": 1e-9}
+HEDGE = {"enabled": True, "min_delay_s": 0.3, "default_delay_s": 0.3, "p95_over_mean": 1e-9}
 WAIT_S = 0.9  # three hedge delays
 
 
@@ -180,8 +180,8 @@ async def test_no_hedge_when_the_retry_budget_is_spent() -> None:
         assert status == 200 and name == hung.name
 
 
-async def test_hedging_off_in_the_config_never_hedges() -> None:
-    async with _setup({"hedge": {**HEDGE, "enabled": False}}) as (fleet, gw, url, session):
+async def test_hedging_off_by_default_never_hedges() -> None:
+    async with _setup({"hedge": {}}) as (fleet, gw, url, session):
         body = _body(False)
         call, hung, _ = await _stall_first(fleet, session, url, body, CRITICAL)
         await asyncio.sleep(WAIT_S)
