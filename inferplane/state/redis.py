@@ -144,7 +144,7 @@ class RedisStore:
         *,
         prefix: str = "inferplane:",
         op_timeout_s: float = 0.05,
-        connect_timeout_s: float = 0.2,
+        connect_timeout_s: float | None = None,  # None: as op_timeout_s
         max_connections: int = 256,
         max_route_keys: int = 100_000,
     ) -> None:
@@ -153,7 +153,7 @@ class RedisStore:
         self.client: aioredis.Redis = aioredis.Redis.from_url(
             url,
             socket_timeout=op_timeout_s,
-            socket_connect_timeout=connect_timeout_s,
+            socket_connect_timeout=op_timeout_s if connect_timeout_s is None else connect_timeout_s,
             retry=Retry(NoBackoff(), 0),
             max_connections=max_connections,
         )
