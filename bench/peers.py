@@ -115,8 +115,8 @@ def measure_capacity(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             "urls": [u + "/v1/chat/completions" for u in fleet.urls],
             "bodies": chat_bodies(scale, args.seed),
             "concurrency": args.capacity_streams,
-            "warmup_s": 3.0,
-            "window_s": 6.0 if args.quick else 10.0,
+            "warmup_s": 5.0,
+            "window_s": 10.0,
         }
         return run_load(spec, workdir, 120)
     finally:
@@ -139,6 +139,7 @@ def run_cell(
                 "workload": wl.to_json(workload),
             }
             result = run_load(load, workdir, workload.duration_s + drain_s + 120)
+            result["gateway_counters"] = gw.gateway_counters(running)
             raw = gw.CACHE / "raw" / f"{workload.name}-{spec.label.replace(' ', '-')}.json"
             raw.parent.mkdir(parents=True, exist_ok=True)
             raw.write_text(json.dumps(result))
@@ -213,6 +214,10 @@ def write_outputs(doc: dict[str, Any], lines: list[str]) -> Path:
     return stem.with_suffix(".md")
 
 
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
 def header_lines(args: argparse.Namespace, capacity: dict[str, Any]) -> list[str]:
     return [
         f"# Peer scoreboard, {dt.date.today().isoformat()}{' (quick)' if args.quick else ''}",
@@ -223,8 +228,12 @@ def header_lines(args: argparse.Namespace, capacity: dict[str, Any]) -> list[str
         f"{args.seed}; machine: {subprocess.getoutput('nproc')} CPUs shared by engines, gateway "
         "and client.",
         f"Capacity (chat mix straight at the engines, {args.capacity_streams} streams/engine): "
-        f"{capacity['tok_s']:.0f} output tok/s, {capacity['calls_s']:.1f} calls/s; workloads are "
-        "sized against it in output tokens.",
+        f"{capacity['tok_s']:.0f} output tok/s, {capacity['calls_s']:.1f} calls/s, TTFT p90 "
+        f"{_fmt(capacity.get('ttft_p90_s'))} s, time per output token p50 "
+        f"{_fmt(capacity.get('tbt_p50_s'))} s; workloads are sized against it in output tokens "
+        f"(a load of 3 offers 3x these tok/s), and every call's deadline is {wl.DEADLINE_SLACK:g}x "
+        "what it takes at capacity (TTFT p90 + extra prefill + max_tokens x time per token), so "
+        "a fleet at capacity meets it and one far beyond does not.",
         "Settings: inferplane serve with defaults (+ KV events); sglang-router / vllm-router "
         "--policy cache_aware (extra rows: other policies); LiteLLM proxy routing_strategy "
         "least-busy, default retries. Clients send X-Priority, X-Deadline-Ms and workflow "
@@ -252,6 +261,8 @@ def orchestrate(args: argparse.Namespace) -> None:
         args.time_scale,
         args.engines,
         args.quick,
+        capacity.get("ttft_p90_s"),
+        capacity.get("tbt_p50_s"),
     )
     doc: dict[str, Any] = {
         "date": dt.date.today().isoformat(),

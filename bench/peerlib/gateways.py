@@ -195,6 +195,36 @@ class Running:
                 self.proc.wait(5)
 
 
+GATEWAY_COUNTERS = (
+    "inferplane_retries",
+    "inferplane_rejects",
+    "inferplane_requests",
+    "inferplane_prefix",
+    "inferplane_admission_decisions",
+    "inferplane_kv_events",
+    "inferplane_fallbacks",
+)
+
+
+def gateway_counters(run: Running) -> list[str]:
+    """inferplane's own counters (retries, rejects, prefix routing...) at the end of a cell."""
+    if run.spec.kind is not GatewayKind.INFERPLANE:
+        return []
+    url = run.url.removesuffix("/v1/chat/completions") + "/metrics"
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            text = resp.read().decode(errors="replace")
+    except OSError as exc:
+        return [f"# scrape failed: {exc}"]
+    return [
+        line
+        for line in text.splitlines()
+        if line.startswith(GATEWAY_COUNTERS)
+        and not line.endswith(" 0.0")
+        and "_created" not in line
+    ]
+
+
 def _wait_ready(run: Running, health: str, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -294,6 +294,8 @@ async def _closed_worker(
         body = bodies[i % len(bodies)]
         i += 1
         sent = time.monotonic()
+        first: float | None = None
+        count = 0
         try:
             async with session.post(url, data=body, headers=headers) as resp:
                 if resp.status != 200:
@@ -303,11 +305,19 @@ async def _closed_worker(
                 streaming = resp.content_type == "text/event-stream"
                 async for line in resp.content:
                     if streaming and b'"content":"' in line and b'"content":""' not in line:
-                        out["tokens"] += window[0] <= time.monotonic() < window[1]
+                        now = time.monotonic()
+                        first = now if first is None else first
+                        count += 1
+                        out["tokens"] += window[0] <= now < window[1]
                 now = time.monotonic()
                 if window[0] <= now < window[1]:
                     out["calls"] += 1
                     out["latencies"].append(now - sent)
+                if now >= window[0] and sent < window[1] and first is not None and count > 1:
+                    # calls that ran at the window's load (ending after it too: on a busy
+                    # machine few calls both start and end inside a short window)
+                        out["ttfts"].append(first - sent)
+                        out["tbts"].append((now - first) / (count - 1))
         except (aiohttp.ClientError, ConnectionError):
             out["errors"] += 1
 
@@ -318,7 +328,14 @@ async def closed_loop(spec: dict[str, Any]) -> dict[str, Any]:
     if spec.get("api_key"):
         headers["Authorization"] = f"Bearer {spec['api_key']}"
     bodies = [orjson.dumps(b) for b in spec["bodies"]]
-    out: dict[str, Any] = {"tokens": 0, "calls": 0, "errors": 0, "latencies": []}
+    out: dict[str, Any] = {
+        "tokens": 0,
+        "calls": 0,
+        "errors": 0,
+        "latencies": [],
+        "ttfts": [],
+        "tbts": [],
+    }
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
         start = time.monotonic() + spec["warmup_s"]
@@ -330,6 +347,11 @@ async def closed_loop(spec: dict[str, Any]) -> dict[str, Any]:
         ]
         await asyncio.gather(*workers)
     lat = sorted(out.pop("latencies"))
+    ttfts = sorted(out.pop("ttfts"))
+    tbts = sorted(out.pop("tbts"))
+    # What a call takes at this load: the deadlines of the workloads are set from these.
+    out["ttft_p90_s"] = ttfts[int(0.9 * (len(ttfts) - 1))] if ttfts else None
+    out["tbt_p50_s"] = tbts[len(tbts) // 2] if tbts else None
     out["tok_s"] = out["tokens"] / spec["window_s"]
     out["calls_s"] = out["calls"] / spec["window_s"]
     out["p50_s"] = lat[len(lat) // 2] if lat else None

@@ -94,6 +94,12 @@ class Scale:
     time_scale: float
     engines: int = 8
     quick: bool = False
+    ttft_at_capacity_s: float | None = None  # p90 TTFT of the capacity probe (wall s)
+    tbt_at_capacity_s: float | None = None  # median time per output token there (wall s)
+
+
+DEADLINE_SLACK = 2.0  # a call's deadline: twice what it takes on a fleet at capacity
+PROBE_PROMPT_TOKENS = 300  # the capacity probe's chat prompts, roughly
 
 
 def _vocabulary(size: int = 8192) -> tuple[str, ...]:
@@ -111,9 +117,19 @@ def _words(rng: random.Random, count: int) -> str:
 
 
 def _deadline_s(scale: Scale, prompt_tokens: int, max_tokens: int) -> float:
-    """A generous budget in modelled seconds (a loaded engine), scaled to wall time."""
-    modelled = 0.5 + 0.0004 * prompt_tokens + 0.04 * max_tokens
-    return round(modelled * scale.time_scale, 3)
+    """Twice what the call takes on the fleet at capacity (wall seconds).
+
+    At capacity (the probe's load) a call waits ``ttft_at_capacity_s`` for its first
+    token and ``tbt_at_capacity_s`` per further token; a longer prompt than the probe's
+    adds prefill at 0.4 ms per modelled token. Without probe figures (unit tests), a
+    budget in modelled seconds of a loaded engine, scaled to wall time.
+    """
+    if scale.ttft_at_capacity_s is None or scale.tbt_at_capacity_s is None:
+        modelled = 0.5 + 0.0004 * prompt_tokens + 0.04 * max_tokens
+        return round(modelled * scale.time_scale, 3)
+    prefill_s = 0.0004 * max(0, prompt_tokens - PROBE_PROMPT_TOKENS) * scale.time_scale
+    at_capacity = scale.ttft_at_capacity_s + prefill_s + scale.tbt_at_capacity_s * max_tokens
+    return round(DEADLINE_SLACK * at_capacity, 3)
 
 
 def _arrivals(rng: random.Random, rate_per_s: float, duration_s: float) -> list[float]:

@@ -66,6 +66,21 @@ def test_deadlines_follow_the_time_scale() -> None:
     assert [f.engine_index for f in fast.faults] == [0, 3]
 
 
+def test_deadlines_come_from_the_capacity_probe_when_measured() -> None:
+    probed = wl.Scale(20.0, 2000.0, 10.0, ttft_at_capacity_s=1.5, tbt_at_capacity_s=0.1)
+    work = wl.build(wl.WorkloadKind.OVERLOAD, probed, seed=1)
+    for task in work.tasks:
+        (call,) = task.calls
+        at_capacity = 1.5 + 0.1 * call.max_tokens
+        assert call.deadline_s == pytest.approx(wl.DEADLINE_SLACK * at_capacity, abs=1e-3)
+    slower = wl.Scale(20.0, 2000.0, 10.0, ttft_at_capacity_s=1.5, tbt_at_capacity_s=0.2)
+    longer = wl.build(wl.WorkloadKind.OVERLOAD, slower, seed=1)
+    assert all(
+        b.calls[0].deadline_s > a.calls[0].deadline_s
+        for a, b in zip(work.tasks, longer.tasks, strict=True)
+    )
+
+
 def test_shared_prefix_customers_share_their_system_prompt() -> None:
     work = wl.build(wl.WorkloadKind.SHARED_PREFIX, SCALE, seed=0)
     by_customer: dict[str, set[str]] = {}
