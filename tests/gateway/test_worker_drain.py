@@ -2,9 +2,8 @@
 
 The worker (not the supervisor) is told to stop with streams in flight: it stops accepting,
 finishes every stream it holds (each client gets all 30 tokens and ``[DONE]``), and exits;
-the other worker's streams are untouched; the supervisor starts a new worker in its place
-and the port keeps serving on both. Complements ``test_workers.py``, where the supervisor
-itself is stopped.
+the other worker's streams are untouched and the port keeps serving. Complements
+``test_workers.py``, where the supervisor itself is stopped.
 """
 
 from __future__ import annotations
@@ -57,7 +56,7 @@ async def _finish(resp: aiohttp.ClientResponse, first: bytes) -> None:
     assert sum(b'"content":"t' in c for c in chunks) == NUM_TOKENS  # nothing lost
 
 
-async def test_a_worker_stopped_mid_stream_drains_and_is_replaced(tmp_path: Path) -> None:
+async def test_a_worker_stopped_mid_stream_drains_its_streams(tmp_path: Path) -> None:
     async with fake_engines(1, num_tokens=NUM_TOKENS, token_delay_s=0.05) as engines:
         path = tmp_path / "fleet.yaml"
         cfg = fleet_config(engines, log_requests=False).model_dump(mode="json")
@@ -89,15 +88,11 @@ async def test_a_worker_stopped_mid_stream_drains_and_is_replaced(tmp_path: Path
                 assert time.monotonic() < deadline, "the stopped worker did not exit"
                 await asyncio.sleep(0.05)
 
-            # The supervisor replaces it; the port serves from both workers again.
-            seen: set[str] = set()
-            deadline = time.monotonic() + 60
+            # The port keeps serving meanwhile, from the other worker (the supervisor also
+            # starts a new one in the stopped worker's place; not waited for here: seconds).
             plain = {**BODY, "stream": False, "max_tokens": 2}
-            while seen != {"0", "1"}:
-                assert time.monotonic() < deadline, f"only workers {seen} answer"
-                async with aiohttp.ClientSession() as s, s.post(url, json=plain) as r:
-                    assert r.status == 200
-                    seen.add(r.headers[WORKER_HEADER])
+            async with aiohttp.ClientSession() as s, s.post(url, json=plain) as r:
+                assert r.status == 200
             assert proc.returncode is None  # the supervisor kept running
         finally:
             if proc.returncode is None:
