@@ -50,6 +50,7 @@ from inferplane.gateway.proxy import Candidate, Exchange, Proxy
 from inferplane.gateway.recorder import Recorder
 from inferplane.gateway.response_cache import CacheLookup, ResponseCache, StreamCapture
 from inferplane.gateway.router import GatewayRouter
+from inferplane.gateway.shared_ledger import setup_workflow_routes
 from inferplane.gateway.stats import render_metrics, stats_body
 from inferplane.gateway.tracing import GatewayTracer, TracingConfig, setup_tracing
 from inferplane.gateway.tracker import EndpointTracker
@@ -118,6 +119,7 @@ class Gateway:
         setup_fleet_metrics(app, self)
         self.tracer = setup_tracing(app, self.config.tracing)
         setup_autoscaling(app, self, self.config.autoscale)
+        setup_workflow_routes(app, self)
         return app
 
     async def _on_startup(self, app: web.Application) -> None:
@@ -391,6 +393,8 @@ class Gateway:
         outcome = body.get("outcome")
         if outcome not in (TaskOutcome.SUCCESS.value, TaskOutcome.FAILURE.value):
             raise ApiError(400, "'outcome' must be 'success' or 'failure'", param="outcome")
+        # Admission's ledger (and the shared record) forget it too, not only the accountant.
+        await self.gate.end_workflow(workflow_id)
         if not self.recorder.end_workflow(workflow_id, TaskOutcome(outcome), self.clock()):
             raise ApiError(
                 404, f"workflow '{workflow_id[:128]}' is not open", code="workflow_not_found"
