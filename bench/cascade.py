@@ -20,8 +20,8 @@ can stream through a Python gateway and clients. (The earlier settings, 12 calls
 "off" run did not collapse.) A smaller batch keeps the knee and lets the rate be real.
 
 * on: the fleet config's ``reliability`` defaults (outlier ejection, retry budget with
-  back-off, stream resumption; hedging is off by default);
-* on-hedge: the same with hedging of critical calls (``--modes on,on-hedge,off``);
+  back-off, stream resumption, hedging of critical calls);
+* on-nohedge: the same without hedging (``--modes on,on-nohedge,off`` to compare);
 * off: plain retries on the next endpoint before the first byte, no ejection, no budget,
   no resumption, no hedging.
 
@@ -116,7 +116,7 @@ _STATUSES: Counter[str] = Counter()  # refusals the clients got, "status code"
 def _code_of(body: bytes) -> str:
     try:
         error = orjson.loads(body)["error"]
-        return f"{error.get('code')}: {str(error.get('message'))[:70]}"
+        return f"{error.get('code')}: {str(error.get('message'))[:240]}"
     except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
         return "?"
 
@@ -188,11 +188,11 @@ async def _call(
 
 
 def _reliability(mode: str) -> dict[str, Any]:
-    """The fleet config's ``reliability`` section: the defaults, with hedging, or all off."""
+    """The fleet config's ``reliability`` section: the defaults, no hedging, or all off."""
     if mode == "on":
         return {}
-    if mode == "on-hedge":
-        return {"hedge": {"enabled": True}}
+    if mode == "on-nohedge":
+        return {"hedge": {"enabled": False}}
     return {"breaker": {"enabled": False}, "retry": {"enabled": False},
             "resumption": {"enabled": False}, "hedge": {"enabled": False}}  # fmt: skip
 

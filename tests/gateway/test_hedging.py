@@ -180,8 +180,8 @@ async def test_no_hedge_when_the_retry_budget_is_spent() -> None:
         assert status == 200 and name == hung.name
 
 
-async def test_hedging_off_by_default_never_hedges() -> None:
-    async with _setup({"hedge": {}}) as (fleet, gw, url, session):
+async def test_hedging_off_in_the_config_never_hedges() -> None:
+    async with _setup({"hedge": {**HEDGE, "enabled": False}}) as (fleet, gw, url, session):
         body = _body(False)
         call, hung, _ = await _stall_first(fleet, session, url, body, CRITICAL)
         await asyncio.sleep(WAIT_S)
