@@ -242,10 +242,15 @@ def main() -> None:
     with ProcessPoolExecutor(args.jobs) as pool:
         scaled = [pool.submit(run_policy, p, args.min_replicas, args)
                   for p in ("inferplane", "queue-hpa")]  # fmt: skip
+        given = (
+            pool.submit(run_policy, "peak", args.peak_replicas, args)
+            if args.peak_replicas
+            else None
+        )
         ip, hpa = (f.result() for f in scaled)
     n, sizing = peak_replicas(ip)
     n = args.peak_replicas or n
-    peak = run_policy("peak", n, args)
+    peak = run_policy("peak", n, args) if given is None else given.result()
     # Arrivals are closed-loop (a task's next call follows its last), so a smaller fleet
     # shows a lower peak: re-size on the peak fleet's own run until the size holds.
     for _ in range(2):
