@@ -138,7 +138,7 @@ async def test_crash_of_a_non_stream_call_is_replayed_elsewhere() -> None:
 async def test_hang_mid_stream_hits_the_stall_timeout_and_resumes() -> None:
     timeouts = {"inter_token_s": 0.4}
     async with _setup(time_scale=0.2, timeouts=timeouts) as (fleet, gw, url, session):
-        body = _body(max_tokens=40)
+        body = _body(max_tokens=200)
         _, raw = await _stream(session, url, body)
         baseline = _parse_stream(raw)[0]
         by_name = {e.name: e for e in fleet.engines}
@@ -149,7 +149,7 @@ async def test_hang_mid_stream_hits_the_stall_timeout_and_resumes() -> None:
             raw = head + await resp.content.read()
         text, usages, errors, done = _parse_stream(raw)
         assert not errors and done == 1 and text == baseline
-        assert usages[-1]["completion_tokens"] == 40
+        assert usages[-1]["completion_tokens"] == 200
         assert gw.proxy.reliability.counts["resumptions"] == 1
         await _arm(session, first.url, {"clear": True})
 
