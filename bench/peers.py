@@ -237,7 +237,10 @@ def header_lines(args: argparse.Namespace, capacity: dict[str, Any]) -> list[str
         "Settings: inferplane serve with defaults (+ KV events); sglang-router / vllm-router "
         "--policy cache_aware (extra rows: other policies); LiteLLM proxy routing_strategy "
         "least-busy, default retries. Clients send X-Priority, X-Deadline-Ms and workflow "
-        "headers to every gateway (only inferplane reads them).",
+        "headers to every gateway (only inferplane reads them); they retry as the OpenAI SDKs "
+        "do by default (3 attempts, Retry-After honoured) on shared_prefix and agentic, 4 "
+        "attempts on overload, on timeout on cascade, never on crash; a started stream is "
+        "never replayed by the client.",
         "Definitions: goodput = tasks whose every call succeeded within its deadline, per second "
         "of the arrival window; $/ok task = fleet spend in modelled GPU time over those tasks; "
         "TTFT from the first attempt; prefix hit = engines' cached / queried prompt tokens; "

@@ -108,17 +108,24 @@ def venv_python(kind: GatewayKind) -> Path:
     return python
 
 
-def _inferplane_cmd(engines: list[dict[str, Any]], port: int, workdir: Path) -> list[str]:
+def _inferplane_cmd(
+    engines: list[dict[str, Any]], port: int, workdir: Path, variant: str | None = None
+) -> list[str]:
     cfg = {
         "gateway": {"host": "127.0.0.1", "port": port, "log_requests": False},
         "endpoints": engines,
     }
     path = workdir / "inferplane.yaml"
     path.write_text(json.dumps(cfg, indent=1))  # JSON is YAML
+    # A variant ("speculative_ttl_s=30") is a diagnostic row: one prefix-index knob changed.
+    head = (
+        ["-m", "inferplane.cli"]
+        if variant is None
+        else [str(Path(__file__).with_name("inferplane_variant.py")), variant]
+    )
     return [
         sys.executable,
-        "-m",
-        "inferplane.cli",
+        *head,
         "serve",
         "-c",
         str(path),
@@ -276,7 +283,8 @@ def start(
     env = dict(os.environ)
     api_key: str | None = None
     if spec.kind is GatewayKind.INFERPLANE:
-        cmd, health = _inferplane_cmd(engines, port, workdir), f"{base}/ready"
+        cmd = _inferplane_cmd(engines, port, workdir, spec.policy)
+        health = f"{base}/ready"
     elif spec.kind is GatewayKind.LITELLM:
         cmd, health = _litellm_cmd(python, urls, port, workdir), f"{base}/health/liveliness"
         # Offline machine: without these, LiteLLM retries a tokenizer download from the

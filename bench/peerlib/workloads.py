@@ -65,6 +65,10 @@ class ClientPolicy:
     backoff_s: float = 0.2
 
 
+# The OpenAI SDKs' default: 2 retries of 408/409/429/5xx, Retry-After honoured.
+SDK_CLIENT = ClientPolicy(max_attempts=3, honour_retry_after=True)
+
+
 @dataclass(frozen=True, slots=True)
 class Fault:
     """POST ``body`` (JSON) to engine ``engine_index``'s /admin/faults at ``at_s``."""
@@ -230,11 +234,11 @@ def build(name: WorkloadKind, scale: Scale, seed: int) -> Workload:
             d,
             0.7,
             _shared_prefix_tasks(scale, seed, 0.7),
-            ClientPolicy(),
+            SDK_CLIENT,
         )
     if name is WorkloadKind.AGENTIC:
         tasks = _tasks(name, scale, seed, 1.5, agent_share=0.1)
-        client = ClientPolicy(max_attempts=3, honour_retry_after=True)
+        client = SDK_CLIENT
         return Workload(name, "agents + chat, 3 priority classes, 1.5x", d, 1.5, tasks, client)
     if name is WorkloadKind.OVERLOAD:
         tasks = _tasks(name, scale, seed, 3.0, agent_share=0.0)
