@@ -194,7 +194,9 @@ def _gateway_config(
     gateway: dict[str, Any] = {"port": port, "auth": {"mode": "anonymous"}, "log_requests": False}
     gateway["health_timeout_s"] = args.health_timeout_s
     gateway["unhealthy_after"] = args.unhealthy_after
-    config = {"gateway": gateway, "endpoints": endpoints, "routing": routing}
+    config: dict[str, Any] = {"gateway": gateway, "endpoints": endpoints, "routing": routing}
+    if args.no_ejection:
+        config["reliability"] = {"breaker": {"enabled": False}}
     path = Path(tempfile.mkdtemp()) / "fleet.json"
     path.write_text(json.dumps(config))  # JSON is YAML
     return str(path)
@@ -364,6 +366,7 @@ def parse_args() -> argparse.Namespace:
     # by default the bench gives health checks 5 s and 3 strikes; pass 1 and 2 for the
     # gateway's defaults.
     p.add_argument("--health-timeout-s", type=float, default=5.0, help="gateway health timeout")
+    p.add_argument("--no-ejection", action="store_true", help="gateway breaker off")
     p.add_argument("--unhealthy-after", type=int, default=3, help="failed checks before COLD")
     prefix = p.add_argument_group("prefix workload")
     prefix.add_argument("--rate", type=float, default=6.0, help="calls/s")
