@@ -44,6 +44,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -185,8 +186,9 @@ def _free_port() -> int:
 
 
 def _gateway_config(
-    policy: str, endpoints: list[dict[str, Any]], port: int, args: argparse.Namespace
-) -> str:
+    policy: str, endpoints: list[dict[str, Any]], port: int, args: argparse.Namespace,
+    workdir: Path,
+) -> str:  # fmt: skip
     routing: dict[str, Any] = {}
     if policy == "least-loaded":
         axes = ("kv_cache", "load", "headroom", "latency", "cost", "warm", "priority", "affinity")
@@ -197,7 +199,7 @@ def _gateway_config(
     config: dict[str, Any] = {"gateway": gateway, "endpoints": endpoints, "routing": routing}
     if args.no_ejection:
         config["reliability"] = {"breaker": {"enabled": False}}
-    path = Path(tempfile.mkdtemp()) / "fleet.json"
+    path = workdir / "fleet.json"
     path.write_text(json.dumps(config))  # JSON is YAML
     return str(path)
 
@@ -219,14 +221,17 @@ async def _wait_ready(url: str) -> None:
 
 
 def _state_changes(log_path: Path) -> dict[str, int]:
-    """The gateway's endpoint state changes in its log, counted by "to-state: why"."""
+    """The gateway's endpoint state changes and breaker events in its log, counted by
+    "to-state: why" and "breaker: trigger"."""
     changes: Counter[str] = Counter()
     with contextlib.suppress(OSError):
         for line in log_path.read_text(errors="replace").splitlines():
-            if '"endpoint state"' in line:
-                with contextlib.suppress(ValueError):
-                    record = json.loads(line)
+            with contextlib.suppress(ValueError):
+                record = json.loads(line)
+                if record.get("msg") == "endpoint state":
                     changes[f"{record.get('to')}: {record.get('why')}"] += 1
+                elif record.get("msg") == "breaker":
+                    changes[f"breaker: {record.get('trigger')}"] += 1
     return dict(changes)
 
 
@@ -250,13 +255,14 @@ def run_policy(policy: str, workload: str, args: argparse.Namespace) -> dict[str
     """One policy on one workload with a fresh fleet (and gateway): its measured row."""
     fleet = FleetProcess(policy == "precise", args.time_scale)
     gateway: subprocess.Popen[Any] | None = None
-    log_path = Path(tempfile.mkdtemp()) / "gateway.log"
+    workdir = Path(tempfile.mkdtemp(prefix="routing-bench-"))
+    log_path = workdir / "gateway.log"
     try:
         engine_urls = [e["url"] for e in fleet.endpoints]
         targets = engine_urls
         if policy != "round-robin":
             port = _free_port()
-            cfg = _gateway_config(policy, fleet.endpoints, port, args)
+            cfg = _gateway_config(policy, fleet.endpoints, port, args, workdir)
             serve = [sys.executable, "-m", "inferplane.cli", "serve", "-c", cfg, "--port",
                      str(port), "--log-level", "info"]  # fmt: skip
             with log_path.open("w") as log:
@@ -289,6 +295,7 @@ def run_policy(policy: str, workload: str, args: argparse.Namespace) -> dict[str
             gateway.terminate()
             gateway.wait(10)
         fleet.close()
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def main() -> None:
