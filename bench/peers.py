@@ -234,13 +234,14 @@ def header_lines(args: argparse.Namespace, capacity: dict[str, Any]) -> list[str
         f"(a load of 3 offers 3x these tok/s), and every call's deadline is {wl.DEADLINE_SLACK:g}x "
         "what it takes at capacity (TTFT p90 + extra prefill + max_tokens x time per token), so "
         "a fleet at capacity meets it and one far beyond does not.",
-        "Settings: inferplane serve with defaults (+ KV events); sglang-router / vllm-router "
-        "--policy cache_aware (extra rows: other policies); LiteLLM proxy routing_strategy "
-        "least-busy, default retries. Clients send X-Priority, X-Deadline-Ms and workflow "
-        "headers to every gateway (only inferplane reads them); they retry as the OpenAI SDKs "
-        "do by default (3 attempts, Retry-After honoured) on shared_prefix and agentic, 4 "
-        "attempts on overload, on timeout on cascade, never on crash; a started stream is "
-        "never replayed by the client.",
+        "Settings: inferplane serve with defaults (+ KV events; health checks 5 s x 3 "
+        "strikes, as bench/routing.py, since the starved emulated engines answer /health "
+        "late); sglang-router / vllm-router --policy cache_aware (extra rows: other "
+        "policies); LiteLLM proxy routing_strategy least-busy, default retries. Clients send "
+        "X-Priority, X-Deadline-Ms and workflow headers to every gateway (only inferplane "
+        "reads them); they retry as the OpenAI SDKs do by default (3 attempts, Retry-After "
+        "honoured) on shared_prefix and agentic, 4 attempts on overload, on timeout on "
+        "cascade, never on crash; a started stream is never replayed by the client.",
         "Definitions: goodput = tasks whose every call succeeded within its deadline, per second "
         "of the arrival window; $/ok task = fleet spend in modelled GPU time over those tasks; "
         "TTFT from the first attempt; prefix hit = engines' cached / queried prompt tokens; "

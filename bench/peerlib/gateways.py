@@ -7,7 +7,8 @@ binds 127.0.0.1 on a free port and logs to ``bench/results/cache/logs``.
 
 Settings (the peers' best documented ones for this fleet):
 * inferplane: ``inferplane serve`` with the engines' KV events (precise prefix index),
-  request log off, everything else at its defaults (whatever is wired in today);
+  request log off, health checks 5 s x 3 strikes (as bench/routing.py: the CPU-starved
+  emulated engines answer /health late), everything else at its defaults;
 * sglang-router / vllm-router: ``--policy cache_aware`` (their recommended policy for
   prefix reuse; defaults for its thresholds), plus extra rows for other policies;
 * LiteLLM proxy: one model name over all engines, ``routing_strategy: least-busy``,
@@ -111,10 +112,19 @@ def venv_python(kind: GatewayKind) -> Path:
 def _inferplane_cmd(
     engines: list[dict[str, Any]], port: int, workdir: Path, variant: str | None = None
 ) -> list[str]:
-    cfg = {
-        "gateway": {"host": "127.0.0.1", "port": port, "log_requests": False},
-        "endpoints": engines,
+    # Defaults, except health checks as bench/routing.py sets them for this rig: the
+    # emulated engines share 2 starved CPUs with the gateway and the client, so their
+    # /health answers late and 2 strikes of 1 s flapped healthy engines COLD (503
+    # no_capacity). The peers have no such check to loosen (they keep routing to every
+    # worker URL), so this only removes an artefact of the rig.
+    gateway = {
+        "host": "127.0.0.1",
+        "port": port,
+        "log_requests": False,
+        "health_timeout_s": 5.0,
+        "unhealthy_after": 3,
     }
+    cfg = {"gateway": gateway, "endpoints": engines}
     path = workdir / "inferplane.yaml"
     path.write_text(json.dumps(cfg, indent=1))  # JSON is YAML
     # A variant ("speculative_ttl_s=30") is a diagnostic row: one prefix-index knob changed.
