@@ -316,8 +316,8 @@ async def _closed_worker(
                 if now >= window[0] and sent < window[1] and first is not None and count > 1:
                     # calls that ran at the window's load (ending after it too: on a busy
                     # machine few calls both start and end inside a short window)
-                        out["ttfts"].append(first - sent)
-                        out["tbts"].append((now - first) / (count - 1))
+                    out["ttfts"].append(first - sent)
+                    out["tbts"].append((now - first) / (count - 1))
         except (aiohttp.ClientError, ConnectionError):
             out["errors"] += 1
 
