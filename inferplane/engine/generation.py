@@ -14,7 +14,7 @@ hash. The hash does not depend on the engine's KV-cache seed, so two engines agr
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from inferplane.engine.types import EOS_TOKEN_ID, FIRST_TEXT_TOKEN_ID, VOCAB_SIZE
 
@@ -43,6 +43,38 @@ def context_hash(token_ids: Iterable[int], start: int = _SEED) -> int:
         h = ((h ^ token_id) * _MUL_FOLD + token_id + 1) & _MASK64
         h ^= h >> 31
     return h
+
+
+#: Prompts are folded in chunks of this many tokens through a memo (see ``prompt_hash``).
+PROMPT_CHUNK_TOKENS = 256
+_MEMO_MAX_ENTRIES = 8192  # ~16 MiB of chunk tuples at most; oldest entries go first
+_chunk_memo: dict[tuple[int, tuple[int, ...]], int] = {}
+
+
+def prompt_hash(token_ids: Sequence[int]) -> int:
+    """``context_hash(token_ids)``, memoised per chunk of ``PROMPT_CHUNK_TOKENS`` tokens.
+
+    Agentic calls resend a growing context and chat calls share system prompts, so most of
+    a prompt was folded before (on this engine or another in the process). The memo maps
+    (hash before a chunk, the chunk's token ids) to the hash after it: a dict key compares
+    the tokens themselves on a hit, so a lookup is exact (no collision can change a token),
+    and only the chunks never seen are folded token by token. A cache of a pure function:
+    results never depend on what it holds.
+    """
+    memo, size = _chunk_memo, PROMPT_CHUNK_TOKENS
+    h = _SEED
+    full = len(token_ids) - len(token_ids) % size
+    for start in range(0, full, size):
+        chunk = tuple(token_ids[start : start + size])
+        key = (h, chunk)
+        after = memo.get(key)
+        if after is None:
+            after = context_hash(chunk, h)
+            if len(memo) >= _MEMO_MAX_ENTRIES:
+                del memo[next(iter(memo))]
+            memo[key] = after
+        h = after
+    return context_hash(token_ids[full:], h) if full < len(token_ids) else h
 
 
 def _finalise(context_hash: int) -> int:
@@ -79,6 +111,29 @@ class TokenGenerator:
             token = FIRST_TEXT_TOKEN_ID + (z & 0xFFFFFFFF) % _NUM_TEXT_TOKENS
         h = ((context_hash ^ token) * _MUL_FOLD + token + 1) & _MASK64
         return token, h ^ (h >> 31)
+
+    def run(self, context_hash: int, num_tokens: int, ignore_eos: bool) -> tuple[list[int], int]:
+        """Up to ``num_tokens`` successive ``step`` tokens and the hash after the last.
+
+        Stops after an EOS (included). One call for a sequence's stretch of decode steps.
+        """
+        threshold = -1 if ignore_eos else self._eos_threshold
+        h = context_hash
+        out: list[int] = []
+        for _ in range(num_tokens):
+            z = ((h ^ (h >> 30)) * _MUL_A) & _MASK64
+            z = ((z ^ (z >> 27)) * _MUL_B) & _MASK64
+            z ^= z >> 31
+            if (z >> 32) < threshold:
+                token = EOS_TOKEN_ID
+            else:
+                token = FIRST_TEXT_TOKEN_ID + (z & 0xFFFFFFFF) % _NUM_TEXT_TOKENS
+            h = ((h ^ token) * _MUL_FOLD + token + 1) & _MASK64
+            h ^= h >> 31
+            out.append(token)
+            if token == EOS_TOKEN_ID:
+                break
+        return out, h
 
     def generate(
         self, prompt_token_ids: Iterable[int], max_tokens: int, *, ignore_eos: bool = False

@@ -8,10 +8,11 @@ prefix in a later request maps to the same blocks and is not recomputed.
 Design notes (why it looks like this):
 * Block ids are plain ints and the per-block state lives in two flat lists (ref count,
   hash), so the hot path touches no per-block objects.
-* Free blocks are kept in two places: blocks without content (a stack) and blocks that
-  still hold cached content (an LRU ``OrderedDict``). Allocation takes empty blocks first
-  and evicts cached content only when it must, least recently freed first; a request frees
-  its blocks tail first, so a prefix outlives its suffix.
+* Free blocks are kept in three places: blocks never used yet (just a counter: handed out
+  in id order, so a pool costs nothing per block to create), emptied blocks (a stack, reused
+  first) and blocks that still hold cached content (an LRU ``OrderedDict``). Allocation
+  takes empty blocks first and evicts cached content only when it must, least recently
+  freed first; a request frees its blocks tail first, so a prefix outlives its suffix.
 * Hashes are seeded per pool (per engine instance, like vLLM's per-process seed): two
   engines give different hashes to the same tokens, as real ones do. Python's tuple hash
   of ints is deterministic across processes, fast (C) and 64-bit; it is made unsigned.
@@ -38,6 +39,7 @@ class BlockPool:
         "_free_cached",
         "_free_empty",
         "_hash",
+        "_next_fresh",
         "_ref",
         "_removed",
         "_root",
@@ -56,7 +58,8 @@ class BlockPool:
         self._ref = [0] * num_blocks
         self._hash = [_NO_HASH] * num_blocks
         self._cached: dict[int, int] = {}  # hash -> block id
-        self._free_empty: list[int] = list(range(num_blocks - 1, -1, -1))  # pop() -> 0 first
+        self._free_empty: list[int] = []  # emptied blocks, reused last-freed first
+        self._next_fresh = 0  # blocks >= this were never used: taken in id order, after those
         self._free_cached: OrderedDict[int, None] = OrderedDict()  # LRU: oldest first
         self._removed: list[int] = []
 
@@ -69,10 +72,10 @@ class BlockPool:
 
     def extend_hashes(self, hashes: list[int], token_ids: Sequence[int], num_tokens: int) -> None:
         """Append the chained hashes of the full blocks of ``token_ids[:num_tokens]``."""
-        size = self.block_size
-        parent = hashes[-1] if hashes else None
-        for start in range(len(hashes) * size, num_tokens - size + 1, size):
-            parent = self.hash_block(parent, tuple(token_ids[start : start + size]))
+        size, seed = self.block_size, self._seed
+        parent = hashes[-1] if hashes else self._root
+        for start in range(len(hashes) * size, num_tokens - size + 1, size):  # hash_block inlined
+            parent = hash((seed, parent, tuple(token_ids[start : start + size]))) & _MASK64
             hashes.append(parent)
 
     # -- prefix cache ----------------------------------------------------------------------
@@ -106,7 +109,7 @@ class BlockPool:
 
     @property
     def num_free(self) -> int:
-        return len(self._free_empty) + len(self._free_cached)
+        return len(self._free_empty) + self.num_blocks - self._next_fresh + len(self._free_cached)
 
     @property
     def num_used(self) -> int:
@@ -141,6 +144,9 @@ class BlockPool:
         for _ in range(num_blocks):
             if empty:
                 b = empty.pop()
+            elif self._next_fresh < self.num_blocks:
+                b = self._next_fresh
+                self._next_fresh = b + 1
             else:
                 b, _none = self._free_cached.popitem(last=False)
                 h = self._hash[b]
@@ -172,7 +178,8 @@ class BlockPool:
         self._ref = [0] * self.num_blocks
         self._hash = [_NO_HASH] * self.num_blocks
         self._cached.clear()
-        self._free_empty = list(range(self.num_blocks - 1, -1, -1))
+        self._free_empty = []
+        self._next_fresh = 0
         self._free_cached.clear()
         self._removed.clear()
 

@@ -139,6 +139,48 @@ class PerfModel:
             num_decode_seqs, num_decode_context_tokens, num_chunks, new, ctx, pairs
         )
 
+    def decode_step_ends(
+        self,
+        start_s: float,
+        num_seqs: int,
+        context_tokens: int,
+        max_steps: int,
+        scale: tuple[float, float],
+        stop_s: float = float("inf"),
+    ) -> list[float]:
+        """End times of back-to-back pure-decode steps of an unchanged batch, each ``<= stop_s``.
+
+        Step ``j`` starts at the previous end (the first at ``start_s``), decodes ``num_seqs``
+        sequences over ``context_tokens + j * num_seqs`` tokens of context and lasts
+        ``step_time_s(...) * scale[0] * scale[1]``. The arithmetic is ``step_time_s``'s, in the
+        same order, inlined: the results are bit-identical to stepping one call at a time (a
+        test holds it to that), without a call and its zero arguments per step.
+        """
+        flops_tokens = self._flops_per_token * num_seqs
+        per_seq = self._overhead_per_seq_s * num_seqs
+        per_token = self._allreduce_bytes_per_token_s * num_seqs
+        attn, kv_bytes, weights = (
+            self._attn_flops_per_pair,
+            self._kv_bytes_per_token,
+            self._weight_bytes,
+        )
+        flops_s, mem_s = self._flops_s, self._mem_bytes_s
+        overhead, allreduce = self._overhead_s, self._allreduce_fixed_s
+        time_scale, slowdown = scale
+        ends: list[float] = []
+        t, context = start_s, context_tokens
+        for _ in range(max_steps):
+            compute_s = (flops_tokens + attn * (context + 0.0)) / flops_s
+            memory_s = (weights + kv_bytes * context) / mem_s
+            busy_s = compute_s if compute_s > memory_s else memory_s
+            step_s = busy_s + overhead + per_seq + allreduce + per_token
+            t = t + step_s * time_scale * slowdown
+            if t > stop_s:
+                break
+            ends.append(t)
+            context += num_seqs
+        return ends
+
 
 def prefill_pairs(num_new_tokens: int, num_context_tokens: int) -> float:
     """Causal attention (query, key) pairs of a chunk: each new token sees the cached

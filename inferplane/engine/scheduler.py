@@ -31,7 +31,7 @@ import heapq
 from dataclasses import dataclass, field
 from operator import attrgetter
 
-from inferplane.engine.generation import TokenGenerator, context_hash
+from inferplane.engine.generation import TokenGenerator, prompt_hash
 from inferplane.engine.kvcache import BlockPool
 from inferplane.engine.types import (
     EOS_TOKEN_ID,
@@ -175,7 +175,7 @@ class Scheduler:
             token_ids=list(prompt),
             num_prompt_tokens=num_prompt,
             max_len=min(num_prompt + request.max_tokens, self.max_model_len, capacity),
-            gen_hash=context_hash(prompt),
+            gen_hash=prompt_hash(prompt),
         )
         self._next_order += 1
         self._by_id[request.request_id] = seq

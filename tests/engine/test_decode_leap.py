@@ -1,0 +1,138 @@
+"""The decode leap and the engine model's other fast paths give exactly what stepping gives.
+
+``advance(emit_tokens=False)`` completes stretches of pure-decode steps in one go
+(``decode_leap``); ``emit_tokens=True`` steps one at a time. Driven by the same calls, the two
+must agree on every event (bar the later tokens), every time, the KV state and the counters.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from inferplane.engine import decode_leap
+from inferplane.engine import model as model_module
+from inferplane.engine.generation import TokenGenerator, context_hash, prompt_hash
+from inferplane.engine.kvcache import BlockPool
+from inferplane.engine.model import EngineModel
+from inferplane.engine.perf import PerfModel
+from inferplane.engine.profiles import load_profile
+from inferplane.engine.scheduler import Scheduler
+from inferplane.engine.types import EngineEvent, EngineRequest, TokensGenerated
+
+SMALL_KV = load_profile(
+    "llama-3.2-1b",
+    "h100",
+    overrides={"max_num_batched_tokens": 512, "max_num_seqs": 16, "mean_output_tokens": 40},
+)
+
+
+def _drive(model: EngineModel, seed: int, emit_tokens: bool) -> list[EngineEvent]:
+    """Random arrivals (shared prefixes, some with EOS) and advances at random times."""
+    rng = random.Random(seed)
+    system = tuple(rng.randrange(16, 32_000) for _ in range(300))
+    events: list[EngineEvent] = []
+    now = 0.0
+    for i in range(60):
+        now += rng.expovariate(8.0)
+        events += model.advance(now, emit_tokens=emit_tokens)
+        body = tuple(rng.randrange(16, 32_000) for _ in range(rng.randrange(1, 400)))
+        prompt = system + body if rng.random() < 0.6 else body
+        request = EngineRequest(f"r{i}", prompt, rng.randrange(1, 300), 0, rng.random() < 0.7)
+        model.submit(request, now)
+        if rng.random() < 0.05:
+            events += model.abort(f"r{rng.randrange(i + 1)}", now)
+    while (t := model.next_wake_time()) is not None:
+        events += model.advance(t, emit_tokens=emit_tokens)
+    return events
+
+
+def _first_tokens_only(events: list[EngineEvent]) -> list[EngineEvent]:
+    seen: set[str] = set()
+    out = []
+    for e in events:
+        if isinstance(e, TokensGenerated):
+            if e.request_id in seen:
+                continue
+            seen.add(e.request_id)
+        out.append(e)
+    return out
+
+
+@pytest.mark.parametrize(("seed", "num_blocks"), [(1, None), (2, 120), (3, 60)])
+def test_leap_matches_stepping(
+    seed: int, num_blocks: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    leaps: list[int] = []
+
+    def counted(sched: Scheduler, ends: list[float], events: list[EngineEvent]) -> int:
+        done = decode_leap.run_decode_stretch(sched, ends, events)
+        leaps.append(done)
+        return done
+
+    stepped = EngineModel(SMALL_KV, seed=seed, num_gpu_blocks=num_blocks)
+    expected = _first_tokens_only(_drive(stepped, seed, emit_tokens=True))
+    assert leaps == []  # emitting every token never leaps
+    monkeypatch.setattr(model_module, "run_decode_stretch", counted)
+    leaped = EngineModel(SMALL_KV, seed=seed, num_gpu_blocks=num_blocks)
+    got = _drive(leaped, seed, emit_tokens=False)
+    assert sum(leaps) > 100  # the leap ran, over many steps
+    assert got == expected
+    assert leaped.stats() == stepped.stats()
+    assert leaped.cached_block_hashes() == stepped.cached_block_hashes()
+
+
+@pytest.mark.parametrize(
+    ("model", "gpu", "tp"), [("llama-3-8b", "h100", 1), ("llama-3-70b", "h200", 4)]
+)
+def test_decode_step_ends_are_bit_identical_to_stepping(model: str, gpu: str, tp: int) -> None:
+    perf = PerfModel(load_profile(model, gpu, tp))
+    rng = random.Random(7)
+    for _ in range(20):
+        n, context = rng.randrange(1, 256), rng.randrange(0, 500_000)
+        scale = (rng.choice([1.0, 0.01, 3.3]), rng.choice([1.0, 2.5]))
+        start = rng.uniform(0, 1e5)
+        ends = perf.decode_step_ends(start, n, context, 50, scale)
+        t, expected = start, []
+        for j in range(50):
+            t = t + perf.step_time_s(n, context + j * n, 0, 0, 0, 0.0) * scale[0] * scale[1]
+            expected.append(t)
+        assert ends == expected
+        assert perf.decode_step_ends(start, n, context, 50, scale, expected[9]) == expected[:10]
+
+
+def test_prompt_hash_equals_context_hash_cold_and_warm() -> None:
+    rng = random.Random(3)
+    base = [rng.randrange(16, 32_000) for _ in range(1000)]
+    for length in (0, 1, 255, 256, 257, 700, 1000):
+        prompt = tuple(base[:length])
+        assert prompt_hash(prompt) == context_hash(prompt)
+        assert prompt_hash(prompt) == context_hash(prompt)  # memo hit
+    changed = (*base[:300], 17, *base[301:])
+    assert prompt_hash(changed) == context_hash(changed) != context_hash(base)
+
+
+def test_run_is_repeated_step() -> None:
+    gen = TokenGenerator(5)
+    for ignore_eos in (False, True):
+        h0 = context_hash([20, 21, 22])
+        tokens, h_end = gen.run(h0, 40, ignore_eos)
+        h, expected = h0, []
+        for _ in range(40):
+            token, h = gen.step(h, ignore_eos)
+            expected.append(token)
+            if token == 2:
+                break
+        assert (tokens, h_end) == (expected, h)
+    assert len(gen.run(h0, 40, False)[0]) < 40  # mean 5 tokens: EOS drawn early
+
+
+def test_pool_hands_out_fresh_blocks_in_order_after_freed_ones() -> None:
+    pool = BlockPool(6, 4)
+    first = pool.allocate(3)
+    assert first == [0, 1, 2] and pool.num_free == 3
+    pool.free([first[1]])
+    assert pool.allocate(2) == [1, 3] and pool.num_free == 2
+    pool.clear()
+    assert pool.num_free == 6 and pool.allocate(1) == [0]
