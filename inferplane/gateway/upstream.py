@@ -198,6 +198,12 @@ class UpstreamClient:
             else:
                 async with asyncio.timeout(timeout_s):
                     await coro
+        except TimeoutError:
+            # A slow connect is a timeout, not a refused connection: it must not read as
+            # "the engine is down" (TimeoutError is an OSError; the proxy would mark the
+            # endpoint cold on a loaded but healthy engine).
+            self.forget(conn)
+            raise
         except OSError as exc:
             self.forget(conn)
             raise UpstreamConnectError(target.host, target.port, exc) from None

@@ -202,6 +202,32 @@ async def test_connect_error_is_aiohttps_connector_error() -> None:
     await client.close()
 
 
+class _SlowConnectLoop:
+    """The running loop, except that connecting never completes (a SYN nobody answers)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._loop, name)
+
+    async def create_connection(self, *args: object, **kwargs: object) -> None:
+        await asyncio.sleep(3600)
+
+
+async def test_connect_timeout_is_a_timeout_not_a_connect_error() -> None:
+    client = UpstreamClient()
+    client.loop = _SlowConnectLoop(client.loop)  # type: ignore[assignment]
+    with pytest.raises(TimeoutError) as caught:
+        await client.post(
+            "http://127.0.0.1:9/x", data=b"{}", timeout=aiohttp.ClientTimeout(total=0.1)
+        )
+    # The proxy marks an endpoint cold on a connector error; a slow connect must not be one.
+    assert not isinstance(caught.value, aiohttp.ClientConnectorError)
+    assert client.num_open == 0
+    await client.close()
+
+
 async def test_total_and_read_timeouts_abort_the_connection() -> None:
     async def silent(r: asyncio.StreamReader, w: asyncio.StreamWriter, n: int) -> None:
         if n == 2:
