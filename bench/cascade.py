@@ -188,9 +188,10 @@ async def _call(
 
 
 def _reliability(mode: str) -> dict[str, Any]:
-    """The fleet config's ``reliability`` section: the defaults, no hedging, or all off."""
+    """The fleet config's ``reliability`` section: the defaults with hedging for critical
+    calls turned on, the defaults (no hedging), or all off."""
     if mode == "on":
-        return {}
+        return {"hedge": {"enabled": True}}
     if mode == "on-nohedge":
         return {"hedge": {"enabled": False}}
     return {"breaker": {"enabled": False}, "retry": {"enabled": False},

@@ -102,10 +102,12 @@ class HedgeSection(_Frozen):
 
     In ``bench/cascade.py`` it fired rarely (0 to 40 hedges in ~570 critical calls) and
     never paid off: the TTFT tail there is queueing on every engine (a hedge queues too)
-    or the slowed engine, which outlier ejection removes.
+    or the slowed engine, which outlier ejection removes. So it is off by default: turn it
+    on (``reliability: {hedge: {enabled: true}}``) where the TTFT tail comes from single
+    slow replicas rather than fleet-wide queueing.
     """
 
-    enabled: bool = True
+    enabled: bool = False
     classes: tuple[PriorityClass, ...] = (PriorityClass.CRITICAL,)
     max_hedges: int = Field(default=1, ge=0, le=3)
     min_delay_s: float = Field(default=0.05, ge=0)

@@ -76,4 +76,5 @@ def stats_body(gw: Gateway) -> dict[str, Any]:
         "admission": gw.gate.snapshot(),
         "cache": gw.cache.stats(),
         "state": state_stats(gw),
+        "reliability": gw.proxy.reliability.stats(),
     }
