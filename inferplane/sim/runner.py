@@ -125,7 +125,7 @@ class Simulation(Upkeep, Scaling):
         self._faults = expand(
             scenario.faults, {e.name: e.info.region for e in self.fleet.endpoints}
         )
-        self.scaler = make_loop(fleet_config.autoscale, autoscale, forecasts)
+        self.scaler = make_loop(fleet_config.autoscale, autoscale or scenario.autoscale, forecasts)
 
     # -- the loop ---------------------------------------------------------------------------
 

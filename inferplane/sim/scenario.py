@@ -278,6 +278,10 @@ class Scenario(_Frozen):
     scrape_interval_s: float | None = Field(default=None, gt=0)  # None: the fleet config's
     #: The core's admission rule, for the ``inferplane`` policy (see inferplane.core.admission).
     admission: AdmissionConfig = AdmissionConfig()
+    #: Who sizes the pools: ``off`` (the fleet config's endpoints, fixed), ``inferplane`` (the
+    #: core's autoscaler with the fleet config's ``autoscale`` section) or ``queue-hpa``
+    #: (production-stack's KEDA rule on waiting calls). None: the fleet config decides.
+    autoscale: Literal["off", "inferplane", "queue-hpa"] | None = None
 
     @model_validator(mode="after")
     def _check(self) -> Scenario:

@@ -143,3 +143,17 @@ def test_queue_rule_scales_on_waiting_calls_and_stabilises_down() -> None:
     assert rule.desired(policy, 0, 30.0, history) == 5  # held by the window
     assert rule.desired(policy, 0, 316.0, history) == 1  # the 5 left the window
     assert rule.desired(policy, 500, 330.0, history) == 10  # max bound
+
+
+def test_scenario_names_who_sizes_the_pools() -> None:
+    config = fleet(1)  # autoscale enabled in the fleet config
+    base = {"name": "a", "fleet": "(in memory)", "duration_s": 1, "workload": [chat("c", 1.0)]}
+    assert Simulation(parse_scenario(base), config, Path("."), "least-loaded").scaler is not None
+    off = parse_scenario({**base, "autoscale": "off"})
+    assert Simulation(off, config, Path("."), "least-loaded").scaler is None
+    hpa = parse_scenario({**base, "autoscale": "queue-hpa"})
+    assert Simulation(hpa, config, Path("."), "least-loaded").scaler is not None
+    # An explicit argument (what the benches pass) wins over the scenario's field.
+    assert Simulation(hpa, config, Path("."), "least-loaded", autoscale="off").scaler is None
+    with pytest.raises(ValueError, match="autoscale"):
+        parse_scenario({**base, "autoscale": "hpa"})
