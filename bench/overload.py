@@ -8,7 +8,10 @@ minute each, shorter than the issue's 10-50 calls so that runs the simulator fin
 minutes on two cores still see hundreds of tasks end). Demand is ``users_x`` = ``BASE`` x
 load: ``BASE`` is just under the knee, the highest rate of a FCFS scan (``--scan``) at
 which critical chat still meets its SLO >= 99%. Clients honour Retry-After and retry up
-to 3 times. Three policies on the same seed, all routed by the core's pipeline:
+to 3 times. Three policies on the same seed, all routed by the core's pipeline, whose
+predictor is fed as the gateway feeds its own (engine-profile priors, then each call's
+observed TTFT and TPOT: ``CalibratedSimulation``; unfed, every GPU looks like the default
+H100 prior and long critical answers miss their deadline on the slower A100s):
 
 * ``inferplane``: the core's admission (early rejection, shedding by capacity with
   workflow protection, headroom of slots and KV kept for critical calls, EDF queue with
