@@ -27,6 +27,7 @@ def stretch_steps(sched: Scheduler, step: StepPlan) -> int:
     if (
         step.num_prefill_seqs
         or sched.num_waiting
+        or sched._running_unsorted  # the next schedule() would reorder the batch first
         or len(step.seqs) != len(running)
         or len(running) > sched.max_num_batched_tokens
     ):

@@ -39,7 +39,10 @@ def _drive(model: EngineModel, seed: int, emit_tokens: bool) -> list[EngineEvent
         events += model.advance(now, emit_tokens=emit_tokens)
         body = tuple(rng.randrange(16, 32_000) for _ in range(rng.randrange(1, 400)))
         prompt = system + body if rng.random() < 0.6 else body
-        request = EngineRequest(f"r{i}", prompt, rng.randrange(1, 300), 0, rng.random() < 0.7)
+        priority = rng.randrange(3) if model.scheduler.priority_scheduling else 0
+        request = EngineRequest(
+            f"r{i}", prompt, rng.randrange(1, 300), priority, rng.random() < 0.7
+        )
         model.submit(request, now)
         if rng.random() < 0.05:
             events += model.abort(f"r{rng.randrange(i + 1)}", now)
@@ -60,9 +63,12 @@ def _first_tokens_only(events: list[EngineEvent]) -> list[EngineEvent]:
     return out
 
 
-@pytest.mark.parametrize(("seed", "num_blocks"), [(1, None), (2, 120), (3, 60)])
+@pytest.mark.parametrize(
+    ("seed", "num_blocks", "priority"),
+    [(1, None, False), (2, 120, False), (3, 60, False), (4, 60, True)],
+)
 def test_leap_matches_stepping(
-    seed: int, num_blocks: int | None, monkeypatch: pytest.MonkeyPatch
+    seed: int, num_blocks: int | None, priority: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     leaps: list[int] = []
 
@@ -71,11 +77,16 @@ def test_leap_matches_stepping(
         leaps.append(done)
         return done
 
-    stepped = EngineModel(SMALL_KV, seed=seed, num_gpu_blocks=num_blocks)
+    def make() -> EngineModel:
+        return EngineModel(
+            SMALL_KV, seed=seed, num_gpu_blocks=num_blocks, priority_scheduling=priority
+        )
+
+    stepped = make()
     expected = _first_tokens_only(_drive(stepped, seed, emit_tokens=True))
     assert leaps == []  # emitting every token never leaps
     monkeypatch.setattr(model_module, "run_decode_stretch", counted)
-    leaped = EngineModel(SMALL_KV, seed=seed, num_gpu_blocks=num_blocks)
+    leaped = make()
     got = _drive(leaped, seed, emit_tokens=False)
     assert sum(leaps) > 100  # the leap ran, over many steps
     assert got == expected
