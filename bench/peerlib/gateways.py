@@ -124,15 +124,17 @@ def _inferplane_cmd(
         "health_timeout_s": 5.0,
         "unhealthy_after": 3,
     }
-    cfg = {"gateway": gateway, "endpoints": engines}
+    cfg: dict[str, Any] = {"gateway": gateway, "endpoints": engines}
+    # A variant is a diagnostic row, never the scoreboard's: "weights.kv_cache=8" (routing
+    # scorer weights, "+"-joined) or "speculative_ttl_s=30" (a prefix-index knob).
+    head = ["-m", "inferplane.cli"]
+    if variant is not None and variant.startswith("weights."):
+        pairs = (item.removeprefix("weights.").split("=") for item in variant.split("+"))
+        cfg["routing"] = {"weights": {axis: float(value) for axis, value in pairs}}
+    elif variant is not None:
+        head = [str(Path(__file__).with_name("inferplane_variant.py")), variant]
     path = workdir / "inferplane.yaml"
     path.write_text(json.dumps(cfg, indent=1))  # JSON is YAML
-    # A variant ("speculative_ttl_s=30") is a diagnostic row: one prefix-index knob changed.
-    head = (
-        ["-m", "inferplane.cli"]
-        if variant is None
-        else [str(Path(__file__).with_name("inferplane_variant.py")), variant]
-    )
     return [
         sys.executable,
         *head,
