@@ -204,3 +204,17 @@ def test_targets_compare_against_the_best_peer() -> None:
     assert "MISS" in crash[0]
     md = table(rows)
     assert len(md) == 2 + len(rows) and md[2].startswith("| inferplane | 3.000 |")
+
+
+def test_inferplane_variant_rows_change_only_the_named_knob(tmp_path: Path) -> None:
+    from peerlib import gateways as gw
+
+    engines = [{"name": "e-0", "url": "http://127.0.0.1:1"}]
+    plain = gw._inferplane_cmd(engines, 9000, tmp_path)
+    plain_cfg = json.loads((tmp_path / "inferplane.yaml").read_text())
+    assert "routing" not in plain_cfg and plain[1:3] == ["-m", "inferplane.cli"]
+    gw._inferplane_cmd(engines, 9000, tmp_path, "weights.kv_cache=12+weights.load=0.5")
+    weights = json.loads((tmp_path / "inferplane.yaml").read_text())["routing"]["weights"]
+    assert weights == {"kv_cache": 12.0, "load": 0.5}
+    ttl = gw._inferplane_cmd(engines, 9000, tmp_path, "speculative_ttl_s=30")
+    assert ttl[1].endswith("inferplane_variant.py") and ttl[2] == "speculative_ttl_s=30"
