@@ -323,6 +323,8 @@ class Proxy:
         async with resp:
             if resp.status >= 500:
                 await drain(resp)
+                if resp.status == 503:  # unavailable (loading, restarting): out until healthy
+                    self._tracker.report_connect_error(cand.endpoint, "engine unavailable (503)")
                 error = err(502, f"engine failed with HTTP {resp.status}", "upstream_error")
                 raise AttemptFailed(FailureKind.SERVER_ERROR, error, sent=sent)
             if resp.status != 200:

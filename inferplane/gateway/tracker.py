@@ -173,11 +173,14 @@ class EndpointTracker:
         ttfts = self._eps[name].ttfts_s
         return round(statistics.median(ttfts) * 1000, 1) if ttfts else None
 
-    def report_connect_error(self, name: str) -> None:
-        """The proxy could not connect: take the endpoint out until health says otherwise."""
+    def report_connect_error(self, name: str, why: str = "connect error") -> None:
+        """The proxy could not connect (or the engine said it is unavailable, HTTP 503): take
+        the endpoint out until health says otherwise. An engine that restarted cold answers
+        at once with an empty queue, so routing would otherwise rank it first until the next
+        failed health checks."""
         tracked = self._eps[name]
         if tracked.state.accepts_work:
-            self._set(tracked, EndpointState.COLD, self._clock(), "connect error")
+            self._set(tracked, EndpointState.COLD, self._clock(), why)
 
     def set_state(self, name: str, state: EndpointState) -> None:
         """Operator or reliability decision (e.g. DRAINING, EJECTED, back to READY)."""

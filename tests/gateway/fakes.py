@@ -29,7 +29,7 @@ class FakeEngine:
     """One fake engine; mutate ``mode``/``health_status`` to change its behaviour."""
 
     name: str
-    mode: str = "ok"  # ok | error500 | garbage | close_early | slow
+    mode: str = "ok"  # ok | error500 | unavailable | garbage | close_early | slow
     health_status: int = 200
     num_tokens: int = 5
     token_delay_s: float = 0.0
@@ -67,6 +67,8 @@ class FakeEngine:
         self.bodies.append(body)
         if self.mode == "error500":
             return web.json_response({"error": {"message": "boom"}}, status=500)
+        if self.mode == "unavailable":
+            return web.json_response({"error": {"message": "not ready"}}, status=503)
         if self.mode == "garbage":
             return web.Response(status=200, body=b"<html>not json", content_type="text/html")
         chat = request.path.endswith("chat/completions")

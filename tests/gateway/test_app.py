@@ -92,6 +92,27 @@ async def test_retry_to_next_endpoint_on_5xx_before_first_byte() -> None:
         assert orjson.loads(raw)["error"]["code"] == "upstream_error"
 
 
+async def test_engine_503_fails_over_and_takes_the_endpoint_out_at_once() -> None:
+    # A restarted engine answers 503 (not ready) with an empty queue: routing would rank it
+    # first until health checks noticed; the first 503 takes it out instead.
+    async with fake_engines(2) as engines, running_gateway(fleet_config(engines)) as (gw, url):
+        engines[0].mode = "unavailable"
+        engines[1].waiting = 5  # e0 looks least loaded, so it is tried first
+        await _until(lambda: gw.tracker.views(gw.clock())[1].load.num_waiting == 5)
+        status, headers, _ = await _post(url + "/v1/chat/completions", CHAT)
+        assert status == 200 and headers["X-Inferplane-Endpoint"] == "e1"
+        assert gw.tracker.state("e0").value == "cold"  # at once, not after health checks
+        for _ in range(3):
+            status, headers, _ = await _post(url + "/v1/chat/completions", CHAT)
+            assert status == 200 and headers["X-Inferplane-Endpoint"] == "e1"
+        assert len(engines[0].bodies) == 1  # no call went to it again
+        # A 500 is a failure of that call, not unavailability: the endpoint stays in.
+        engines[1].mode = "error500"
+        status, _, _ = await _post(url + "/v1/chat/completions", CHAT)
+        assert status == 502
+        assert gw.tracker.state("e1").value != "cold"
+
+
 async def test_connect_error_retries_and_marks_endpoint_cold() -> None:
     async with fake_engines(2) as engines, running_gateway(fleet_config(engines)) as (gw, url):
         assert engines[0].runner is not None
