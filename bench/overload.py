@@ -44,11 +44,8 @@ from pathlib import Path
 from typing import Any
 
 from inferplane.config import parse_config
-from inferplane.engine.types import TokensGenerated
-from inferplane.sim.baselines import Inferplane
-from inferplane.sim.calibration import PredictorFeed
+from inferplane.sim.calibrated import CalibratedSimulation
 from inferplane.sim.records import CallRecord, Outcome, RunResult
-from inferplane.sim.runner import Simulation
 from inferplane.sim.scenario import Scenario, Slo, parse_scenario
 from inferplane.sim.summary import meets_slo, percentile
 
@@ -178,48 +175,6 @@ def summarise_records(
         "gpu_hours": gpu_h, "good_tasks_per_gpu_hour": good_total / gpu_h,
         "cost_per_good_task_usd": spend_usd / good_total if good_total else None,
     }  # fmt: skip
-
-
-class CalibratedSimulation(Simulation):
-    """The simulator with its router's predictor fed as the gateway feeds its own
-    (:class:`inferplane.sim.calibration.PredictorFeed`: profile priors, then each call's
-    observed TTFT and TPOT). Hooks the runner's dispatch, token and finish handlers until
-    the runner calls the feed itself."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.feed: PredictorFeed | None = None
-        if isinstance(self.policy, Inferplane):
-            block = self.fleet.endpoints[0].engine.profile.block_size
-            self.feed = PredictorFeed(self.policy.predictor, self.policy.prefix_index, block)
-            self.feed.set_priors([ep.info for ep in self.fleet.endpoints], {})
-
-    def _dispatch(self, call: Any, now: float, views: Any) -> None:
-        super()._dispatch(call, now, views)
-        if self.feed is not None and call.engine_id in self._by_engine_id:
-            view = next(v for v in self.fleet.views(now) if v.name == call.endpoint.name)
-            self.feed.dispatched(call.engine_id, call.ctx, view, now)
-
-    def _handle(self, ep: Any, events: list[Any]) -> None:
-        super()._handle(ep, events)
-        if self.feed is None:
-            return
-        for ev in events:
-            if type(ev) is TokensGenerated:
-                call = self._by_engine_id.get(ev.request_id)
-                if call is not None and call.first_token_s == ev.time_s:
-                    self.feed.first_token(ev.request_id, ev.time_s)
-
-    def _on_finished(self, ep: Any, ev: Any) -> None:
-        if self.feed is not None:
-            self.feed.finished(ev.request_id, ev.time_s, ev.num_completion_tokens)
-        super()._on_finished(ep, ev)
-
-    def _on_timeout(self, payload: Any) -> None:
-        super()._on_timeout(payload)
-        call = payload[0]
-        if self.feed is not None and call.engine_id not in self._by_engine_id:
-            self.feed.finished(call.engine_id, self.q.now_s, 0)
 
 
 def run(users_x: float, policy: str, duration_s: float, seed: int) -> dict[str, Any]:

@@ -58,8 +58,8 @@ def simulate(
 ) -> tuple[dict[str, Any], list[RunResult]]:  # fmt: skip
     """Run a scenario file; returns the result document and the per-policy runs."""
     from inferplane.config import load_config
+    from inferplane.sim.calibrated import CalibratedSimulation
     from inferplane.sim.report import build_result
-    from inferplane.sim.runner import Simulation
     from inferplane.sim.scenario import load_scenario, parse_scenario
 
     scenario = load_scenario(scenario_path)
@@ -77,7 +77,9 @@ def simulate(
             if progress is not None:
                 task = progress.add_task(name, total=scenario.duration_s + scenario.drain_s)
                 hook = _hook(progress, task)
-            sim = Simulation(scenario, fleet_config, base_dir, name, seed=run_seed, progress=hook)
+            sim = CalibratedSimulation(
+                scenario, fleet_config, base_dir, name, seed=run_seed, progress=hook
+            )
             results.append(sim.run())
             if progress is not None:
                 progress.update(task, completed=scenario.duration_s + scenario.drain_s)

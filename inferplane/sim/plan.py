@@ -25,8 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from inferplane.config import parse_config, read_yaml_file, validate_yaml_tree
 from inferplane.engine.profiles import load_profile
+from inferplane.sim.calibrated import CalibratedSimulation
 from inferplane.sim.records import Outcome, RunResult
-from inferplane.sim.runner import Simulation
 from inferplane.sim.scenario import ScenarioError, parse_scenario
 from inferplane.sim.summary import percentile
 
@@ -118,7 +118,7 @@ def simulate_fleet(plan: Plan, gpu: str, replicas: int, base_dir: Path) -> Fleet
         "plan",
     )  # fmt: skip
     fleet = parse_config(_fleet(plan, gpu, replicas))
-    result = Simulation(scenario, fleet, base_dir, "inferplane").run()
+    result = CalibratedSimulation(scenario, fleet, base_dir, "inferplane").run()
     return _point(plan, gpu, replicas, result)
 
 

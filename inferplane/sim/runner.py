@@ -101,7 +101,7 @@ class Simulation(Upkeep, Scaling):
             self.kv = KVFeed(self.fleet.endpoints[0].engine.profile.block_size)
             for ep in self.fleet.endpoints:
                 self.kv.add_endpoint(ep.name)
-        self.policy = make_policy(policy, None if self.kv is None else self.kv.index)
+        self.policy = make_policy(policy, None if self.kv is None else self.kv.index, fleet_config)
         predictor = self.policy.predictor if isinstance(self.policy, Inferplane) else None
         self.gate = make_gate(policy, scenario.admission, predictor or Inferplane().predictor)
         self._queued: dict[str, Call] = {}
