@@ -26,7 +26,6 @@ per simulated run. No I/O, no clock; the RNG is the only source of chance.
 from __future__ import annotations
 
 import random
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -37,7 +36,7 @@ from inferplane.core.predictor import LatencyPredictor
 from inferplane.core.routing_config import RoutingConfig
 from inferplane.core.types import CallContext, EndpointView, RankedEndpoint, RouteDecision
 from inferplane.gateway.priors import prior_for_endpoint
-from inferplane.sim.peer_routers import DynamoKV, LiteLLMLeastBusy, LlmD
+from inferplane.sim.peer_routers import DynamoKV, LiteLLMLeastBusy, LlmD, RoutedBlocks
 
 POLICY_NAMES: tuple[str, ...] = (
     "inferplane",
@@ -207,8 +206,7 @@ class CacheAware(_Stateless):
     MATCH_THRESHOLD = 0.3
 
     def __init__(self, max_blocks_per_endpoint: int = 200_000) -> None:
-        self._trees: dict[str, OrderedDict[int, None]] = {}
-        self._max_blocks = max_blocks_per_endpoint
+        self._blocks = RoutedBlocks(max_blocks_per_endpoint)
 
     def route(
         self, call: CallContext, endpoints: Sequence[EndpointView], now: float, rng: random.Random
@@ -224,36 +222,15 @@ class CacheAware(_Stateless):
         else:
             best, matched = by_load[0], 0
             for ep in by_load:
-                n = self._match(ep.name, keys)
+                n = self._blocks.match(ep.name, keys)
                 if n > matched:
                     best, matched = ep, n
             if keys and matched / len(keys) > self.MATCH_THRESHOLD:
                 choice, reason = best, "cache-aware: prefix match"
             else:
                 choice, reason = by_load[0], "cache-aware: low match, least loaded"
-        self._insert(choice.name, keys)
+        self._blocks.insert(choice.name, keys)
         return _decision([choice, *[ep for ep in by_load if ep is not choice]], reason)
-
-    def _match(self, name: str, keys: tuple[int, ...]) -> int:
-        tree = self._trees.get(name)
-        if not tree:
-            return 0
-        n = 0
-        for key in keys:
-            if key not in tree:
-                break
-            n += 1
-        return n
-
-    def _insert(self, name: str, keys: tuple[int, ...]) -> None:
-        tree = self._trees.setdefault(name, OrderedDict())
-        for key in keys:
-            if key in tree:
-                tree.move_to_end(key)
-            else:
-                tree[key] = None
-        while len(tree) > self._max_blocks:
-            tree.popitem(last=False)
 
 
 def make_policy(

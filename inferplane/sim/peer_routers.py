@@ -52,7 +52,7 @@ def no_endpoint(call: CallContext, why: str = "") -> RouteDecision:
     return RouteDecision((), f"no endpoint can serve model {call.model!r}{why}")
 
 
-class _RoutedBlocks:
+class RoutedBlocks:
     """Per-endpoint LRU sets of the prompt blocks routed there (an approximate prefix tree)."""
 
     def __init__(self, max_blocks_per_endpoint: int) -> None:
@@ -90,7 +90,7 @@ class LlmD:
     WEIGHT_KV = 2.0
 
     def __init__(self, max_blocks_per_endpoint: int = 200_000) -> None:
-        self._routed = _RoutedBlocks(max_blocks_per_endpoint)
+        self._routed = RoutedBlocks(max_blocks_per_endpoint)
 
     def route(
         self, call: CallContext, endpoints: Sequence[EndpointView], now: float, rng: random.Random
