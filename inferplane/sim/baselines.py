@@ -36,7 +36,13 @@ from inferplane.core.predictor import LatencyPredictor
 from inferplane.core.routing_config import RoutingConfig
 from inferplane.core.types import CallContext, EndpointView, RankedEndpoint, RouteDecision
 from inferplane.gateway.priors import prior_for_endpoint
-from inferplane.sim.peer_routers import DynamoKV, LiteLLMLeastBusy, LlmD, RoutedBlocks
+from inferplane.sim.peer_routers import (
+    DynamoKV,
+    LiteLLMLeastBusy,
+    LlmD,
+    RoutedBlocks,
+    no_endpoint,
+)
 
 POLICY_NAMES: tuple[str, ...] = (
     "inferplane",
@@ -83,10 +89,6 @@ def _decision(order: Sequence[EndpointView], reason: str) -> RouteDecision:
         RankedEndpoint(ep.name, 1.0 / (1 + i)) for i, ep in enumerate(order)
     )  # primary first, the rest as fallbacks in order
     return RouteDecision(ranked, reason)
-
-
-def _none(call: CallContext) -> RouteDecision:
-    return RouteDecision((), f"no endpoint can serve model {call.model!r}")
 
 
 class Inferplane:
@@ -162,7 +164,7 @@ class RoundRobin(_Stateless):
     ) -> RouteDecision:
         candidates = routing.eligible(call, endpoints)
         if not candidates:
-            return _none(call)
+            return no_endpoint(call)
         i = self._cursor % len(candidates)
         self._cursor += 1
         return _decision(candidates[i:] + candidates[:i], "round-robin")
@@ -176,7 +178,7 @@ class RandomPick(_Stateless):
     ) -> RouteDecision:
         candidates = routing.eligible(call, endpoints)
         if not candidates:
-            return _none(call)
+            return no_endpoint(call)
         first = rng.randrange(len(candidates))
         return _decision(
             [candidates[first], *candidates[:first], *candidates[first + 1 :]], "random"
@@ -191,7 +193,7 @@ class PowerOfTwo(_Stateless):
     ) -> RouteDecision:
         candidates = routing.eligible(call, endpoints)
         if len(candidates) < 2:
-            return _decision(candidates, "power-of-two") if candidates else _none(call)
+            return _decision(candidates, "power-of-two") if candidates else no_endpoint(call)
         a, b = rng.sample(candidates, 2)
         first, second = (a, b) if a.in_flight <= b.in_flight else (b, a)
         rest = [ep for ep in candidates if ep is not a and ep is not b]
@@ -213,7 +215,7 @@ class CacheAware(_Stateless):
     ) -> RouteDecision:
         candidates = routing.eligible(call, endpoints)
         if not candidates:
-            return _none(call)
+            return no_endpoint(call)
         by_load = sorted(candidates, key=lambda ep: (ep.in_flight, rng.random()))
         lo, hi = by_load[0].in_flight, by_load[-1].in_flight
         keys = call.prompt_block_keys

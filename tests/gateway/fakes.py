@@ -210,3 +210,20 @@ class BackgroundLoop:
     def close(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(5)
+
+
+def chat_body(
+    model: str, max_tokens: int, stream: bool = True, prompt: str = "Tell me about failover."
+) -> dict[str, Any]:
+    """A deterministic chat request for emulated engines (``ignore_eos``: exactly
+    ``max_tokens`` tokens; a stream asks for usage)."""
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": stream,
+    }
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    return body

@@ -21,7 +21,7 @@ from inferplane.config import parse_config
 from inferplane.engine.fleet import EngineHandle, EngineSpec, Fleet
 from inferplane.engine.types import FinishReason
 from inferplane.gateway.app import Gateway
-from tests.gateway.fakes import running_gateway
+from tests.gateway.fakes import chat_body, running_gateway
 
 MODEL = "llama-3-8b"
 CHAT = "/v1/chat/completions"
@@ -32,16 +32,7 @@ WAIT_S = 0.9  # three hedge delays
 
 
 def _body(stream: bool, max_tokens: int = 12, prompt: str = "Hedge me, please.") -> Any:
-    body: dict[str, Any] = {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": max_tokens,
-        "ignore_eos": True,
-        "stream": stream,
-    }
-    if stream:
-        body["stream_options"] = {"include_usage": True}
-    return body
+    return chat_body(MODEL, max_tokens, stream, prompt)
 
 
 @asynccontextmanager

@@ -18,23 +18,14 @@ import pytest
 from inferplane.config import parse_config
 from inferplane.engine.fleet import EngineSpec, Fleet
 from inferplane.gateway.app import Gateway
-from tests.gateway.fakes import running_gateway
+from tests.gateway.fakes import chat_body, running_gateway
 
 MODEL = "llama-3-8b"
 CHAT = "/v1/chat/completions"
 
 
 def _body(max_tokens: int, stream: bool = True, prompt: str = "Tell me about failover.") -> Any:
-    body: dict[str, Any] = {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": max_tokens,
-        "ignore_eos": True,
-        "stream": stream,
-    }
-    if stream:
-        body["stream_options"] = {"include_usage": True}
-    return body
+    return chat_body(MODEL, max_tokens, stream, prompt)
 
 
 @asynccontextmanager
