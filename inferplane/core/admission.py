@@ -88,14 +88,25 @@ class Reject:
 
 AdmissionDecision = Admit | Enqueue | Reject
 PoolLookup = Callable[[str], Sequence[EndpointView]]
+CapacityFn = Callable[
+    [str, int, Sequence[EndpointView], AdmissionPredictor, AdmissionConfig, float, PriorityClass],
+    PoolCapacity,
+]
 
 
 class Admission:
     """The admission controller: queue, quotas and workflow ledger (module docstring)."""
 
     def __init__(
-        self, config: AdmissionConfig | None = None, predictor: AdmissionPredictor | None = None
+        self,
+        config: AdmissionConfig | None = None,
+        predictor: AdmissionPredictor | None = None,
+        *,
+        capacity: CapacityFn = pool_capacity,
     ) -> None:
+        """``capacity`` computes a pool's capacity (``pool_capacity``'s signature; the
+        simulator passes one kept incrementally between its view syncs)."""
+        self._capacity = capacity
         self.config = config or AdmissionConfig()
         self.predictor: AdmissionPredictor = predictor or LatencyPredictor()
         self.queue = RequestQueue(self.config.queue)
@@ -128,7 +139,7 @@ class Admission:
                 self.quotas.release(call.request_id, now, num_tokens=0)
             return self._count(call, decision)
         uncached = max(0, call.num_prompt_tokens - num_cached_tokens)
-        cap = pool_capacity(
+        cap = self._capacity(
             call.model, uncached, pool, self.predictor, self.config, now, call.priority
         )
         decision = self._decide(call, cap, now, size_bytes)

@@ -202,6 +202,15 @@ class PrefixIndex:
     def endpoints(self) -> list[str]:
         return list(self._endpoints)
 
+    def is_held(self, key: int) -> bool:
+        """Whether any endpoint holds block ``key`` (any tier, or guessed)."""
+        return key in self._holders
+
+    def holders(self, key: int) -> list[str]:
+        """The endpoints holding block ``key`` (any tier, or guessed), in registration order."""
+        mask = self._holders.get(key, 0)
+        return [n for n, ep in self._endpoints.items() if ep.bit & mask] if mask else []
+
     # -- precise source -------------------------------------------------------------
 
     def apply_events(self, endpoint: str, events: Iterable[KVEvent], now: float) -> None:
