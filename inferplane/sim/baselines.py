@@ -119,6 +119,10 @@ class Inferplane:
             affinity_endpoint=self._affinity.get(call.workflow_id, now),
         )  # fmt: skip
 
+    def affinity_for(self, workflow_id: str | None, now: float) -> str | None:
+        """The endpoint of the workflow's last successful call (within the TTL), if any."""
+        return self._affinity.get(workflow_id, now)
+
     def on_done(self, workflow_id: str | None, endpoint: str, success: bool, now: float) -> None:
         if success and workflow_id is not None:
             self._affinity.record(workflow_id, endpoint, now)

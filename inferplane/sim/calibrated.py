@@ -42,9 +42,7 @@ class CalibratedSimulation(Simulation):
             return
         if call.engine_id not in self._by_engine_id:  # refused by the engine
             return
-        view = next((v for v in self.fleet.views(now) if v.name == endpoint.name), None)
-        if view is not None:
-            self.feed.dispatched(call.engine_id, ctx, view, now)
+        self.feed.dispatched(call.engine_id, ctx, endpoint.view(), now)
 
     def _handle(self, ep: SimEndpoint, events: list[EngineEvent]) -> None:
         super()._handle(ep, events)

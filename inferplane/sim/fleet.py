@@ -32,20 +32,26 @@ class SimEndpoint:
     """One replica: its config, its engine model and the simulator's bookkeeping."""
 
     __slots__ = (
+        "_changed",
+        "_draining",
+        "_in_flight",
+        "_stopped_s",
         "config",
-        "draining",
         "engine",
-        "in_flight",
         "index",
         "info",
         "load",
         "provisioned_s",
-        "stopped_s",
         "wake_at_s",
     )
 
     def __init__(
-        self, index: int, config: EndpointConfig, engine: EngineModel, provisioned_s: float
+        self,
+        index: int,
+        config: EndpointConfig,
+        engine: EngineModel,
+        provisioned_s: float,
+        changed: set[int] | None = None,
     ) -> None:
         self.index = index
         self.config = config
@@ -54,12 +60,44 @@ class SimEndpoint:
         if info.max_model_len is None:  # the gateway would learn it from /v1/models
             info = dataclasses.replace(info, max_model_len=engine.max_model_len)
         self.info: EndpointInfo = info
-        self.in_flight = 0
+        self._in_flight = 0
         self.load = EndpointLoad()
         self.provisioned_s = provisioned_s
         self.wake_at_s: float | None = None  # the engine wake-up the event queue holds
-        self.draining = False  # scale-down: takes no new work, finishes what it holds
-        self.stopped_s: float | None = None  # drained and gone: no views, no more spend
+        #: the fleet's set of changed endpoint indexes (a view reader empties it)
+        self._changed: set[int] = set() if changed is None else changed
+        self._draining = False
+        self._stopped_s: float | None = None
+
+    @property
+    def in_flight(self) -> int:
+        """Calls the simulator sent here that have not ended (always current)."""
+        return self._in_flight
+
+    @in_flight.setter
+    def in_flight(self, value: int) -> None:
+        self._in_flight = value
+        self._changed.add(self.index)
+
+    @property
+    def draining(self) -> bool:
+        """Scale-down: takes no new work, finishes what it holds."""
+        return self._draining
+
+    @draining.setter
+    def draining(self, value: bool) -> None:
+        self._draining = value
+        self._changed.add(self.index)
+
+    @property
+    def stopped_s(self) -> float | None:
+        """When it drained and went (None: still up): no views, no more spend."""
+        return self._stopped_s
+
+    @stopped_s.setter
+    def stopped_s(self, value: float | None) -> None:
+        self._stopped_s = value
+        self._changed.add(self.index)
 
     def cost_s(self, now: float) -> float:
         """Seconds this replica has cost money by ``now`` (from start to stop)."""
@@ -75,6 +113,10 @@ class SimEndpoint:
         if self.draining:
             return EndpointState.DRAINING
         return _VIEW_STATE[self.engine.state]
+
+    def view(self) -> EndpointView:
+        """The router's snapshot of it now: last scraped load, current in-flight count."""
+        return EndpointView(self.info, self.view_state, self.load, self.in_flight)
 
     def scrape(self, now: float) -> None:
         """Take the engine's current load as the gateway's latest observation."""
@@ -110,6 +152,9 @@ class Fleet:
         self.scrape_interval_s = scrape_interval_s
         self.endpoints: list[SimEndpoint] = []
         self.by_name: dict[str, SimEndpoint] = {}
+        #: Indexes of endpoints whose view may have changed since a reader last took them
+        #: (:class:`inferplane.sim.views.ViewBook` empties it).
+        self.changed: set[int] = set()
         self._last_scrape_s = -float("inf")
         for ep in config.endpoints:
             self._add(ep, EngineState.READY, 0.0)
@@ -117,7 +162,9 @@ class Fleet:
     def _add(self, config: EndpointConfig, state: EngineState, now: float) -> SimEndpoint:
         index = len(self.endpoints)
         engine_seed = (self._seed * 1_000_003 + index) & 0x7FFF_FFFF
-        ep = SimEndpoint(index, config, engine_for(config, engine_seed, state), now)
+        engine = engine_for(config, engine_seed, state)
+        ep = SimEndpoint(index, config, engine, now, self.changed)
+        self.changed.add(index)
         self.endpoints.append(ep)
         self.by_name[ep.name] = ep
         return ep
@@ -155,11 +202,7 @@ class Fleet:
             self._last_scrape_s = now
             for ep in self.endpoints:
                 ep.scrape(now)
-        return [
-            EndpointView(ep.info, ep.view_state, ep.load, ep.in_flight)
-            for ep in self.endpoints
-            if ep.stopped_s is None
-        ]
+        return [ep.view() for ep in self.endpoints if ep.stopped_s is None]
 
     def context_limit_tokens(self, model: str) -> int:
         """The longest context any endpoint serving ``model`` takes (0 if none serves it)."""

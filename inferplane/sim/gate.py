@@ -23,9 +23,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from inferplane.core.admission import Admission, AdmissionDecision, Admit, PoolLookup, Reject
+from inferplane.core.admission import (
+    Admission,
+    AdmissionDecision,
+    Admit,
+    CapacityFn,
+    PoolLookup,
+    Reject,
+)
 from inferplane.core.admission_config import AdmissionConfig
-from inferplane.core.capacity import AdmissionPredictor, scraped_saturation
+from inferplane.core.capacity import AdmissionPredictor, pool_capacity, scraped_saturation
 from inferplane.core.queueing import QueueExit
 from inferplane.core.types import CallContext, EndpointView, PriorityClass
 
@@ -97,8 +104,13 @@ class PriorityShedGate(OpenGate):
 class CoreGate:
     """The policy core's admission controller."""
 
-    def __init__(self, config: AdmissionConfig, predictor: AdmissionPredictor) -> None:
-        self.admission = Admission(config, predictor)
+    def __init__(
+        self,
+        config: AdmissionConfig,
+        predictor: AdmissionPredictor,
+        capacity: CapacityFn = pool_capacity,
+    ) -> None:
+        self.admission = Admission(config, predictor, capacity=capacity)
 
     def admit(
         self, call: CallContext, pool: Sequence[EndpointView], now: float
@@ -121,11 +133,17 @@ class CoreGate:
         return len(self.admission.queue)
 
 
-def make_gate(policy: str, config: AdmissionConfig, predictor: AdmissionPredictor) -> Gate:
-    """The admission gate of a simulated policy (FCFS for routing-only baselines)."""
+def make_gate(
+    policy: str,
+    config: AdmissionConfig,
+    predictor: AdmissionPredictor,
+    capacity: CapacityFn = pool_capacity,
+) -> Gate:
+    """The admission gate of a simulated policy (FCFS for routing-only baselines);
+    ``capacity`` is how the core's admission sizes a pool (the simulator's kept sums)."""
     kind = GATED_POLICIES.get(policy, "open")
     if kind == "core":
-        return CoreGate(config, predictor)
+        return CoreGate(config, predictor, capacity)
     if kind == "priority-shed":
         return PriorityShedGate(config.queue_threshold, config.kv_threshold)
     return OpenGate()

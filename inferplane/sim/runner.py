@@ -15,8 +15,9 @@ waits the answer's Retry-After when it honours it. The engines' KV events feed t
 prefix index (:mod:`inferplane.sim.kvfeed`) for the core-routed policies.
 
 Time to first token is the engine's first ``TokensGenerated`` of each request: with
-``emit_tokens=False`` the engine model reports only that one (``EMIT_TOKENS`` turns every
-token event back on, for comparison; the runner keeps only the first either way).
+``emit_tokens=False`` the engine model reports only that one (``sync.EMIT_TOKENS`` turns
+every token event back on, for comparison; the runner keeps only the first either way).
+Engine wakes, syncs, the router's views and candidate sets live in :mod:`inferplane.sim.sync`.
 """
 
 from __future__ import annotations
@@ -27,52 +28,41 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from inferplane.config import FleetConfig
-from inferplane.core.admission import Enqueue, Reject
+from inferplane.core.admission import CapacityFn, Enqueue, Reject
 from inferplane.core.autoscaler import Forecast
-from inferplane.core.kv_events import KVEvent as CoreKVEvent
+from inferplane.core.capacity import pool_capacity
 from inferplane.core.prefix_index import block_keys
 from inferplane.core.queueing import ExitKind, QueueExit
-from inferplane.core.types import CallContext, EndpointState, EndpointView
+from inferplane.core.types import CallContext, EndpointView
 from inferplane.engine.types import (
-    EngineEvent,
     EngineRequest,
-    EngineState,
     FinishReason,
     RequestFinished,
-    RequestScheduled,
-    StateChanged,
-    TokensGenerated,
 )
 from inferplane.sim.autoscale import Scaling, make_loop
 from inferplane.sim.baselines import CORE_ROUTED, Inferplane, make_policy, needs_block_keys
+from inferplane.sim.capacity import CapacityBook
 from inferplane.sim.events import EventKind, EventQueue
 from inferplane.sim.faults import expand
 from inferplane.sim.fleet import Fleet, SimEndpoint
 from inferplane.sim.gate import make_gate
-from inferplane.sim.kvfeed import KV_EVENT_TYPES, KVFeed, to_core
+from inferplane.sim.kvfeed import KVFeed
 from inferplane.sim.ledger import Call, Ledger
 from inferplane.sim.records import Outcome, RunResult, Sample
 from inferplane.sim.scenario import Scenario
 from inferplane.sim.sources import build_sources
+from inferplane.sim.sync import EngineSync
 from inferplane.sim.upkeep import Upkeep
+from inferplane.sim.views import ViewBook
 from inferplane.sim.workload import CallSpec
 
-EMIT_TOKENS = False
-#: Wake an engine only when it next finishes a request (``next_wake_time``), not every step;
-#: engines are brought up to date before anything reads them (scrape, prefix index).
-FAST_FORWARD = True
 _PROGRESS_EVERY = 4096
 _SUCCESS = (FinishReason.STOP, FinishReason.LENGTH)
-_ENGINE_TO_VIEW = {
-    EngineState.READY: EndpointState.READY,
-    EngineState.LOADING: EndpointState.WARMING,
-    EngineState.COLD: EndpointState.COLD,
-}
 
 ProgressFn = Callable[[float], None]
 
 
-class Simulation(Upkeep, Scaling):
+class Simulation(EngineSync, Upkeep, Scaling):
     """Runs one policy over one scenario; ``run()`` once, then read the ``RunResult``.
 
     ``autoscale`` (``off``, ``inferplane``, ``queue-hpa``; None: ``inferplane`` when the fleet
@@ -102,13 +92,26 @@ class Simulation(Upkeep, Scaling):
             for ep in self.fleet.endpoints:
                 self.kv.add_endpoint(ep.name)
         self.policy = make_policy(policy, None if self.kv is None else self.kv.index, fleet_config)
-        predictor = self.policy.predictor if isinstance(self.policy, Inferplane) else None
-        self.gate = make_gate(policy, scenario.admission, predictor or Inferplane().predictor)
+        speed = scenario.speed
+        self.sync_s = scrape if speed.sync_s is None else speed.sync_s
+        self.route_candidates = speed.route_candidates
+        self._synced_s = -float("inf")
+        self.book = ViewBook(self.fleet)
+        predictor = (
+            self.policy.predictor if isinstance(self.policy, Inferplane) else Inferplane().predictor
+        )
+        capacity: CapacityFn = pool_capacity
+        if self.sync_s > 0:
+            capacity = CapacityBook(
+                self.book, predictor, scenario.admission, speed.admission_best_of
+            )
+        self.gate = make_gate(policy, scenario.admission, predictor, capacity)
         self._queued: dict[str, Call] = {}
         self._poll_at: float | None = None
         self._keys_needed = needs_block_keys(policy)
         self._route_rng = random.Random(f"{self.seed}/route")
         self._client_rng = random.Random(f"{self.seed}/clients")
+        self._candidate_rng = random.Random(f"{self.seed}/candidates")
         self.sources = build_sources(scenario, base_dir, fleet_config, self.fleet, self.seed)
         self.ledger = Ledger(
             [ep.info for ep in self.fleet.endpoints], fleet_config.gateway.workflow_idle_ttl_s
@@ -120,7 +123,7 @@ class Simulation(Upkeep, Scaling):
         self._by_engine_id: dict[str, Call] = {}
         self._samples: list[Sample] = []
         self._next_call_id = 0
-        self.counters = {"events": 0, "retries": 0, "engine_wakes": 0}
+        self.counters = {"events": 0, "retries": 0, "engine_wakes": 0, "syncs": 0}
         self._base_endpoints = len(self.fleet.endpoints)
         self._faults = expand(
             scenario.faults, {e.name: e.info.region for e in self.fleet.endpoints}
@@ -188,7 +191,7 @@ class Simulation(Upkeep, Scaling):
         ctx = call.ctx = self._context(call, call.info.targets[0], now)
         self.q.push(now + call.info.timeout_s, EventKind.TIMEOUT, (call, call.attempt))
         views = self._views(now)
-        decision = self.gate.admit(ctx, self._pool(views, ctx.model), now)
+        decision = self.gate.admit(ctx, self.book.pool(ctx.model), now)
         if isinstance(decision, Reject):
             self._attempt_failed(call, now, Outcome.REJECTED, decision.code, decision.retry_after_s)
         elif isinstance(decision, Enqueue):
@@ -198,10 +201,6 @@ class Simulation(Upkeep, Scaling):
         else:
             self._dispatch(call, now, views)
 
-    @staticmethod
-    def _pool(views: Sequence[EndpointView], model: str) -> list[EndpointView]:
-        return [v for v in views if model in v.info.models]
-
     def _dispatch(self, call: Call, now: float, views: list[EndpointView] | None) -> None:
         """Route an admitted call on current state and submit it to that engine."""
         ctx = call.ctx
@@ -210,7 +209,7 @@ class Simulation(Upkeep, Scaling):
         ranked: tuple[str, ...] = ()
         for target in call.info.targets:
             c = ctx if target == ctx.model else dataclasses.replace(ctx, model=target)
-            ranked = self.policy.route(c, views, now, self._route_rng).names()
+            ranked = self._route(c, views, now)
             if ranked:
                 break
         if not ranked:
@@ -218,7 +217,7 @@ class Simulation(Upkeep, Scaling):
             self._attempt_failed(call, now, Outcome.REJECTED, "no_endpoint")
             return
         ep = self.fleet.by_name[ranked[0]]
-        self._handle(ep, ep.engine.advance(now, emit_tokens=EMIT_TOKENS))
+        self._advance(ep, now)
         spec = call.spec
         request = EngineRequest(
             call.engine_id,
@@ -258,8 +257,8 @@ class Simulation(Upkeep, Scaling):
             return  # superseded by an earlier poll, which rescheduled
         self._poll_at = None
         now = self.q.now_s
-        views = self._views(now)
-        self._exits(self.gate.poll(now, lambda model: self._pool(views, model)), now)
+        self._views(now)
+        self._exits(self.gate.poll(now, self.book.pool), now)
         self._schedule_poll(None)
 
     def _exits(self, exits: Sequence[QueueExit], now: float) -> None:
@@ -295,65 +294,6 @@ class Simulation(Upkeep, Scaling):
             stream=True,
             prompt_block_keys=call.keys or (),
         )
-
-    def _on_engine(self, index: int) -> None:
-        ep, now = self.fleet.endpoints[index], self.q.now_s
-        if ep.wake_at_s != now:
-            return  # superseded by a later reschedule
-        ep.wake_at_s = None
-        self.counters["engine_wakes"] += 1
-        self._handle(ep, ep.engine.advance(now, emit_tokens=EMIT_TOKENS))
-        self._wake(ep, now)
-
-    def _advance(self, ep: SimEndpoint, now: float) -> None:
-        self._handle(ep, ep.engine.advance(now, emit_tokens=EMIT_TOKENS))
-
-    def _leaping(self) -> bool:
-        return FAST_FORWARD
-
-    def _views(self, now: float) -> list[EndpointView]:
-        """The router's snapshots; leaping engines first catch up with what it reads."""
-        if FAST_FORWARD and (self.kv is not None or self.fleet.scrape_due(now)):
-            for ep in self.fleet.endpoints:
-                self._handle(ep, ep.engine.advance(now, emit_tokens=EMIT_TOKENS))
-        return self.fleet.views(now)
-
-    def _wake(self, ep: SimEndpoint, now: float) -> None:
-        engine = ep.engine
-        t = engine.next_wake_time() if FAST_FORWARD else engine.next_event_time()
-        if t is None:
-            return
-        t = max(t, now)
-        if t != ep.wake_at_s:
-            ep.wake_at_s = t
-            self.q.push(t, EventKind.ENGINE, ep.index)
-
-    def _handle(self, ep: SimEndpoint, events: list[EngineEvent]) -> None:
-        by_id = self._by_engine_id
-        kv: list[CoreKVEvent | None] | None = [] if self.kv is not None else None
-        for ev in events:
-            kind = type(ev)
-            if kind in KV_EVENT_TYPES:
-                if kv is not None:
-                    kv.append(to_core(ev))
-            elif kind is RequestScheduled:
-                call = by_id.get(ev.request_id)  # type: ignore[union-attr]
-                if call is not None:  # engine queue time joins the gateway's
-                    call.queue_s += ev.time_s - call.dispatch_s
-            elif kind is TokensGenerated:
-                call = by_id.get(ev.request_id)  # type: ignore[union-attr]
-                if call is not None and call.first_token_s is None:
-                    call.first_token_s = ev.time_s
-            elif kind is RequestFinished:
-                assert isinstance(ev, RequestFinished)
-                self._on_finished(ep, ev)
-            elif kind is StateChanged:
-                assert isinstance(ev, StateChanged)
-                self.ledger.accountant.on_endpoint_state(
-                    ep.name, _ENGINE_TO_VIEW[ev.state], ev.time_s
-                )
-        if kv and self.kv is not None:
-            self.kv.apply(ep.name, [e for e in kv if e is not None], self.q.now_s)
 
     def _on_finished(self, ep: SimEndpoint, ev: RequestFinished) -> None:
         call = self._by_engine_id.pop(ev.request_id, None)

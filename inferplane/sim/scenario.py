@@ -261,6 +261,27 @@ class Demand(_Frozen):
     tokens_x: float = Field(default=1.0, gt=0)
 
 
+class Speed(_Frozen):
+    """Exactness the simulator trades for speed at fleet scale; 0 everywhere is exact.
+
+    ``sync_s``: virtual seconds between syncs, when every engine catches up with the clock
+    (its KV events reach the prefix index then), every endpoint view is rebuilt and
+    admission's pool sums are recomputed; in between, only the views of endpoints whose
+    in-flight count, engine state or first tokens changed are rebuilt (in-flight counts stay
+    exact, as the gateway's own). None: the scrape interval (the live gateway's load data is
+    that old too); 0: sync before every call (exact; time linear in the fleet per call).
+    ``route_candidates``: the core's router ranks the prompt's prefix holders, the workflow's
+    last endpoint and this many endpoints drawn at random from the pool (power of d choices)
+    instead of the whole pool (0: the whole pool); ``admission_best_of``: admission predicts
+    the call's TTFT on that many endpoints (least empty-prompt TTFT first) to find the pool's
+    best (used only between syncs). See inferplane.sim.views, .capacity, core.candidates.
+    """
+
+    sync_s: float | None = Field(default=None, ge=0)
+    route_candidates: int = Field(default=16, ge=0)
+    admission_best_of: int = Field(default=8, ge=1)
+
+
 class Scenario(_Frozen):
     """The whole scenario file."""
 
@@ -282,6 +303,7 @@ class Scenario(_Frozen):
     #: core's autoscaler with the fleet config's ``autoscale`` section) or ``queue-hpa``
     #: (production-stack's KEDA rule on waiting calls). None: the fleet config decides.
     autoscale: Literal["off", "inferplane", "queue-hpa"] | None = None
+    speed: Speed = Speed()
 
     @model_validator(mode="after")
     def _check(self) -> Scenario:

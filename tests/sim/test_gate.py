@@ -20,7 +20,7 @@ from inferplane.core.types import (
 from inferplane.engine.model import EngineModel
 from inferplane.engine.profiles import load_profile
 from inferplane.engine.types import EngineRequest
-from inferplane.sim import runner
+from inferplane.sim import runner, sync
 from inferplane.sim.gate import CoreGate, OpenGate, PriorityShedGate, make_gate
 from inferplane.sim.kvfeed import KVFeed, to_core
 from inferplane.sim.records import Outcome
@@ -114,13 +114,14 @@ def test_inferplane_sheds_and_queues_under_overload_and_every_call_ends_once(
 
 
 def test_fast_forward_changes_no_record(tmp_path: Path) -> None:
+    """Exact mode (a sync before every call): leaping engines change nothing."""
     results = {}
     for leap in (False, True):
-        runner.FAST_FORWARD = leap
+        sync.FAST_FORWARD = leap
         try:
-            results[leap] = _run(tmp_path, "inferplane", duration_s=15)
+            results[leap] = _run(tmp_path, "inferplane", duration_s=15, speed={"sync_s": 0})
         finally:
-            runner.FAST_FORWARD = True
+            sync.FAST_FORWARD = True
     assert results[True].ledger.records == results[False].ledger.records
     assert results[True].counters["engine_wakes"] * 3 < results[False].counters["engine_wakes"]
     feed = results[True].kv

@@ -1,0 +1,166 @@
+"""Admission's pool capacity, kept per endpoint and summed per pool between view syncs.
+
+The core's :func:`~inferplane.core.capacity.pool_capacity` walks the whole pool on every
+call: saturation, free slots, rates and a latency prediction per endpoint. Between two
+syncs of the simulator's views only a few endpoints change per call (the one a call went
+to, the ones that finished work), so :class:`CapacityBook` keeps each endpoint's share
+(accepting or not, saturation, free slots per class, prefill and output rates, predicted
+TTFT of an empty prompt) and the pool's sums, and re-reads only the endpoints the
+:class:`~inferplane.sim.views.ViewBook` marks changed. Admission calls it with
+``pool_capacity``'s signature (``Admission(capacity=...)``).
+
+Approximations, both documented knobs of the scenario's ``speed`` section:
+
+* an endpoint's share is re-read when its view changes or its engine reports events, and
+  every share at each sync; in between, the drift of the predictor's calibration factors
+  with time (their half-life decay) is not followed;
+* ``best`` (the call's least predicted TTFT over the pool) is predicted exactly for the
+  ``best_of`` endpoints with the least predicted TTFT of an empty prompt, not for all (the
+  ranking by an empty prompt and by the call's own prompt differ only when endpoints'
+  prefill speeds differ and their waits are close).
+
+A pool, predictor or config it does not keep falls through to ``pool_capacity``.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+
+from inferplane.core.admission_config import AdmissionConfig
+from inferplane.core.capacity import (
+    AdmissionPredictor,
+    PoolCapacity,
+    endpoint_saturation,
+    free_slots,
+    pool_capacity,
+)
+from inferplane.core.types import EndpointView, PriorityClass
+from inferplane.sim.views import ViewBook
+
+_CLASSES = tuple(PriorityClass)
+_PROBE_TOKENS = 100_000  # as the core's prefill_rate
+
+
+class _PoolSums:
+    """One pool's per-endpoint shares (by position) and their sums."""
+
+    __slots__ = (
+        "accepting", "free", "free_sum", "num_accepting", "order", "out", "out_sum", "rank",
+        "rate", "rate_sum", "sat", "sat_sum",
+    )  # fmt: skip
+
+    def __init__(self, size: int) -> None:
+        self.accepting = [False] * size
+        self.sat = [0.0] * size
+        self.rate = [0.0] * size
+        self.out = [0.0] * size
+        self.rank = [0.0] * size  # predicted TTFT of an empty prompt
+        self.free = {c: [0] * size for c in _CLASSES}
+        self.sat_sum = self.rate_sum = self.out_sum = 0.0
+        self.free_sum = dict.fromkeys(_CLASSES, 0)
+        self.num_accepting = 0
+        self.order: list[tuple[float, int]] = []  # (rank, position) of accepting endpoints
+
+
+class CapacityBook:
+    """``pool_capacity`` over the :class:`ViewBook`'s pools, kept incrementally."""
+
+    def __init__(
+        self,
+        book: ViewBook,
+        predictor: AdmissionPredictor,
+        config: AdmissionConfig,
+        best_of: int = 8,
+    ) -> None:
+        self.book, self.predictor, self.config = book, predictor, config
+        self.best_of = max(1, best_of)
+        self._pools: dict[str, _PoolSums] = {}
+        self._dirty: dict[str, set[int]] = {}
+        book.on_patch.append(self._mark)
+        book.on_rebuild.append(self._reset)
+
+    def _mark(self, model: str, position: int) -> None:
+        if model in self._pools:
+            self._dirty.setdefault(model, set()).add(position)
+
+    def _reset(self) -> None:
+        self._pools.clear()
+        self._dirty.clear()
+
+    def __call__(
+        self,
+        model: str,
+        num_uncached_tokens: int,
+        pool: Sequence[EndpointView],
+        predictor: AdmissionPredictor,
+        cfg: AdmissionConfig,
+        now: float,
+        priority: PriorityClass | None = None,
+    ) -> PoolCapacity:
+        kept = self.book.pools.get(model)
+        if pool is not kept or predictor is not self.predictor or cfg is not self.config:
+            return pool_capacity(model, num_uncached_tokens, pool, predictor, cfg, now, priority)
+        sums = self._sums(model, pool, now)
+        if sums.num_accepting == 0:
+            return PoolCapacity(0, float("inf"), 0, None, 0.0, 0.0)
+        if priority is None:
+            free = sum(free_slots(v, model, predictor, cfg) for v in pool if v.state.accepts_work)
+        else:
+            free = sums.free_sum[priority]
+        estimates = [
+            predictor.predict(pool[pos], model, num_uncached_tokens, now)
+            for _, pos in sums.order[: self.best_of]
+        ]
+        best = min(estimates, key=lambda e: e.ttft_s)
+        n = sums.num_accepting
+        return PoolCapacity(n, sums.sat_sum / n, free, best, sums.rate_sum, max(1e-9, sums.out_sum))
+
+    def _sums(self, model: str, pool: Sequence[EndpointView], now: float) -> _PoolSums:
+        sums = self._pools.get(model)
+        if sums is None:
+            sums = self._pools[model] = _PoolSums(len(pool))
+            for pos in range(len(pool)):
+                self._add(sums, model, pool, pos, now)
+            return sums
+        dirty = self._dirty.pop(model, None)
+        if dirty:
+            for pos in sorted(dirty):
+                self._remove(sums, pos)
+                self._add(sums, model, pool, pos, now)
+        return sums
+
+    def _add(
+        self, sums: _PoolSums, model: str, pool: Sequence[EndpointView], pos: int, now: float
+    ) -> None:
+        view, pred, cfg = pool[pos], self.predictor, self.config
+        if not view.state.accepts_work:
+            sums.accepting[pos] = False
+            return
+        sums.accepting[pos] = True
+        sums.num_accepting += 1
+        sat = sums.sat[pos] = endpoint_saturation(view, model, pred, cfg)
+        sums.sat_sum += sat
+        probe_s = max(1e-9, pred.prefill_s(view, model, _PROBE_TOKENS, now))
+        rate = sums.rate[pos] = _PROBE_TOKENS / probe_s
+        sums.rate_sum += rate
+        out = sums.out[pos] = pred.throughput_tokens_per_s(view, model, now)
+        sums.out_sum += out
+        for c in _CLASSES:
+            free = sums.free[c][pos] = free_slots(view, model, pred, cfg, c)
+            sums.free_sum[c] += free
+        rank = sums.rank[pos] = pred.predict(view, model, 0, now).ttft_s
+        bisect.insort(sums.order, (rank, pos))
+
+    def _remove(self, sums: _PoolSums, pos: int) -> None:
+        if not sums.accepting[pos]:
+            return
+        sums.accepting[pos] = False
+        sums.num_accepting -= 1
+        sums.sat_sum -= sums.sat[pos]
+        sums.rate_sum -= sums.rate[pos]
+        sums.out_sum -= sums.out[pos]
+        for c in _CLASSES:
+            sums.free_sum[c] -= sums.free[c][pos]
+        entry = (sums.rank[pos], pos)
+        del sums.order[bisect.bisect_left(sums.order, entry)]
