@@ -140,6 +140,7 @@ def run_cell(
             }
             result = run_load(load, workdir, workload.duration_s + drain_s + 120)
             result["gateway_counters"] = gw.gateway_counters(running)
+            result["gateway_prefix"] = gw.gateway_prefix(running)
             raw = gw.CACHE / "raw" / f"{workload.name}-{spec.label.replace(' ', '-')}.json"
             raw.parent.mkdir(parents=True, exist_ok=True)
             raw.write_text(json.dumps(result))

@@ -251,6 +251,16 @@ async def _gateway_counters(url: str) -> list[str]:
     ]
 
 
+async def _gateway_prefix(url: str) -> dict[str, Any]:
+    """The gateway's prefix-routing counters: how each keyed call's primary compared with
+    the endpoint holding most of its blocks, with a few explained misses."""
+    async with aiohttp.ClientSession() as session, session.get(url + "/v1/stats") as resp:
+        stats = await resp.json()
+    prefix: dict[str, Any] = stats["routing"]["prefix"]
+    prefix.pop("keyed_models", None)
+    return prefix
+
+
 def run_policy(policy: str, workload: str, args: argparse.Namespace) -> dict[str, Any]:
     """One policy on one workload with a fresh fleet (and gateway): its measured row."""
     fleet = FleetProcess(policy == "precise", args.time_scale)
@@ -288,6 +298,7 @@ def run_policy(policy: str, workload: str, args: argparse.Namespace) -> dict[str
             row["sessions_failed_at_step"] = dict(sorted(failed_at.items()))
         if gateway is not None:
             row["gateway_metrics"] = asyncio.run(_gateway_counters(targets[0]))
+            row["gateway_prefix"] = asyncio.run(_gateway_prefix(targets[0]))
             row["endpoint_state_changes"] = _state_changes(log_path)
         return row
     finally:

@@ -244,6 +244,21 @@ def gateway_counters(run: Running) -> list[str]:
     ]
 
 
+def gateway_prefix(run: Running) -> dict[str, Any]:
+    """inferplane's prefix-routing stats (``/v1/stats``): how each keyed call's primary
+    compared with the best prefix holder, with a few explained misses."""
+    if run.spec.kind is not GatewayKind.INFERPLANE:
+        return {}
+    url = run.url.removesuffix("/v1/chat/completions") + "/v1/stats"
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            stats = json.loads(resp.read())
+    except (OSError, ValueError) as exc:
+        return {"error": str(exc)}
+    prefix: dict[str, Any] = stats.get("routing", {}).get("prefix", {})
+    return prefix
+
+
 def _wait_ready(run: Running, health: str, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -77,8 +77,8 @@ class RoutingConfig(_Frozen):
     #: total only. The decision's reason names the primary's best axes either way.
     explain_top: int = Field(default=0, ge=0)
     block_size: int = Field(default=16, ge=1)  # tokens per prefix-index block
-    #: An affine endpoint keeps its bonus while its extra wait over the least-waiting
-    #: candidate is at most ``affinity_penalty_ratio`` x the prefill time its cache saves.
+    #: An affine endpoint keeps its bonus while its predicted TTFT over the best candidate's
+    #: is at most ``affinity_penalty_ratio`` x the prefill time its cache saves.
     affinity_penalty_ratio: float = Field(default=1.0, ge=0)
     #: Without prefix data, the share of a workflow call's prompt assumed cached on the
     #: endpoint that served the previous step.

@@ -18,13 +18,20 @@ that state must outlive a call and learn from each one. This module owns it for 
   workflow affinity (an approximate text-keyed index would never match precise events).
 
 Counters of what the index predicted (calls routed onto a cached prefix, tokens expected
-cached) sit next to what engines reported (``cached_tokens`` in usage) in ``stats()``.
+cached) sit next to what engines reported (``cached_tokens`` in usage) in ``stats()``, and
+every keyed route is audited against the endpoint holding most of the prompt's blocks
+(``routed_<PrefixOutcome>``): a call that left the holder says whether the holder was
+filtered out (its state) or outscored (both endpoints' per-axis scores and reasons, for
+the first misses and then one in ``_EXPLAIN_EVERY``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
+import logging
 import random
+from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +50,19 @@ from inferplane.tokenizer import TemplateError, get_tokenizer
 #: Prompts longer than this many tokens are not keyed (bounds the per-call hashing work).
 MAX_KEYED_TOKENS = 262_144
 _MAX_TRACKED = 100_000  # calls in flight whose usage is matched against the prediction
+_MAX_MISS_SAMPLES = 16  # explained prefix misses kept for /v1/stats
+_EXPLAIN_EVERY = 64  # past the first misses, one in this many is explained
+
+log = logging.getLogger("inferplane.gateway.router")
+
+
+class PrefixOutcome(enum.Enum):
+    """How a keyed call's primary compares with the endpoint holding most of its blocks."""
+
+    ON_BEST_HOLDER = "on_best_holder"  # the primary holds as many leading blocks as any
+    NO_HOLDER = "no_holder"  # no endpoint of the model holds any block
+    HOLDER_NOT_CANDIDATE = "holder_not_candidate"  # filtered (state, ejected, excluded)
+    HOLDER_OUTSCORED = "holder_outscored"  # ranked below the primary
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +135,8 @@ class GatewayRouter:
         self.subscriber: KVEventSubscriber | None = None
         self._keys_of: dict[str, tuple[int, ...]] = {}  # dispatched call -> its keys
         self._counts = _PrefixCounters()
+        self.outcomes: Counter[str] = Counter()  # PrefixOutcome value -> routes
+        self.miss_samples: deque[dict[str, Any]] = deque(maxlen=_MAX_MISS_SAMPLES)
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -152,7 +174,56 @@ class GatewayRouter:
             prefix_index=self.index if call.prompt_block_keys else None,
             affinity_endpoint=self.affinity.get(call.workflow_id, now),
         )
+        if call.prompt_block_keys and decision.ranked:
+            self._audit(call, views, decision, now)
         return decision
+
+    def _audit(
+        self, call: CallContext, views: Sequence[EndpointView], decision: RouteDecision, now: float
+    ) -> None:
+        """Count how the primary compares with the best prefix holder; explain a miss."""
+        blocks = self.index.match(call.prompt_block_keys, [v.name for v in views])
+        primary = decision.ranked[0].name
+        holder = max(blocks, key=blocks.__getitem__)
+        best = blocks[holder]
+        if blocks.get(primary, 0) >= best:
+            outcome = PrefixOutcome.NO_HOLDER if best == 0 else PrefixOutcome.ON_BEST_HOLDER
+            self.outcomes[outcome.value] += 1
+            return
+        if all(r.name != holder for r in decision.ranked):
+            outcome = PrefixOutcome.HOLDER_NOT_CANDIDATE
+            state = next(v.state.value for v in views if v.name == holder)
+            sample: dict[str, Any] = {"holder_state": state}
+        else:
+            outcome = PrefixOutcome.HOLDER_OUTSCORED
+            sample = {}
+        seen = self.outcomes[outcome.value] = self.outcomes[outcome.value] + 1
+        if seen > _MAX_MISS_SAMPLES and seen % _EXPLAIN_EVERY:
+            return  # explaining routes again: only the first misses, then a sample
+        if outcome is PrefixOutcome.HOLDER_OUTSCORED:
+            sample = self._explain_miss(call, views, primary, holder, now)
+        sample.update(outcome=outcome.value, primary=primary, holder=holder, blocks=best)
+        sample.update(primary_blocks=blocks.get(primary, 0), of=len(call.prompt_block_keys))
+        self.miss_samples.append(sample)
+        log.debug("prefix miss", extra=sample)
+
+    def _explain_miss(
+        self, call: CallContext, views: Sequence[EndpointView], primary: str, holder: str,
+        now: float,
+    ) -> dict[str, Any]:  # fmt: skip
+        """Per-axis scores of the primary and the holder (routed again, explained; a
+        separate RNG so the live decisions are unchanged)."""
+        cfg = self.config.model_copy(update={"explain_top": len(views)})
+        again = route(call, views, now, random.Random(0), config=cfg, predictor=self.predictor,
+                      prefix_index=self.index,
+                      affinity_endpoint=self.affinity.get(call.workflow_id, now))  # fmt: skip
+        out: dict[str, Any] = {}
+        for ranked in again.ranked:
+            if ranked.name in (primary, holder):
+                role = "primary_axes" if ranked.name == primary else "holder_axes"
+                out[role] = {a.axis: [round(a.score, 3), a.reason] for a in ranked.axes}
+                out[role.replace("axes", "score")] = round(ranked.score, 4)
+        return out
 
     def on_dispatch(
         self, key: str, call: CallContext, view: EndpointView, now: float
@@ -225,6 +296,9 @@ class GatewayRouter:
             round(self._counts.reported_cached_tokens / prompt, 4) if prompt else None
         )
         counts["index"] = dataclasses.asdict(self.index.stats())
+        for outcome in PrefixOutcome:  # flat numbers: they are exported as gauges too
+            counts[f"routed_{outcome.value}"] = self.outcomes[outcome.value]
+        counts["miss_samples"] = list(self.miss_samples)
         counts["keyed_models"] = sorted(self._keyed_models)
         return counts
 

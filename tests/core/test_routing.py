@@ -68,6 +68,40 @@ def test_hot_prefix_holder_is_left_for_an_idle_replica() -> None:
     assert "hot" in {a.axis: a.reason for a in holder.axes}["kv_cache"]
 
 
+@pytest.mark.parametrize("waiting", [0, 2, 4, 5, 6, 7])
+def test_prefix_holder_with_a_short_queue_keeps_the_call(waiting: int) -> None:
+    """The shared-prefix miss (issue 8: 21% of calls went to an engine holding none of
+    their blocks). The holder queues ``waiting`` calls: from 4 on, it *waits* longer than
+    the 0.1 s of prefill its cache saves, and the old rule (wait vs saved) withdrew its
+    bonus; but an idle engine must prefill those 3040 tokens itself, so the holder's TTFT
+    penalty stays under what it saves up to 7 queued calls, and the call stays."""
+    keys = tuple(range(200))  # 3200 tokens
+    matcher = FixedMatcher({"holder": 190})
+    views = [view("idle-a"), view("holder", waiting=waiting), view("idle-b"), view("idle-c")]
+    pred = LatencyPredictor()
+    c = call(prompt=3200, keys=keys)
+    holder_ttft = pred.predict(views[1], "m", 160, 0.0).ttft_s
+    idle_ttft = pred.predict(views[0], "m", 3200, 0.0).ttft_s
+    assert holder_ttft - idle_ttft <= 3040 / 30_000  # within what the cache saves
+    decision = route(c, views, 0.0, random.Random(1), predictor=pred, prefix_index=matcher)
+    assert decision.primary == "holder"
+
+
+def test_prefix_holder_is_left_once_its_ttft_penalty_exceeds_the_saving() -> None:
+    matcher = FixedMatcher({"holder": 190})
+    views = [view("idle-a"), view("holder", waiting=12), view("idle-b")]
+    pred = LatencyPredictor()
+    holder_ttft = pred.predict(views[1], "m", 160, 0.0).ttft_s
+    idle_ttft = pred.predict(views[0], "m", 3200, 0.0).ttft_s
+    assert holder_ttft - idle_ttft > 3040 / 30_000
+    c = call(prompt=3200, keys=tuple(range(200)))
+    decision = route(c, views, 0.0, random.Random(1), predictor=pred, prefix_index=matcher,
+                     config=RoutingConfig(explain_top=3))  # fmt: skip
+    assert decision.primary != "holder"
+    holder = next(r for r in decision.ranked if r.name == "holder")
+    assert {a.axis: a.reason for a in holder.axes}["kv_cache"].startswith("hot: TTFT +")
+
+
 def test_latency_bound_call_skips_warming_when_ready_meets_budget() -> None:
     views = [view("warm", state=EndpointState.WARMING, since_s=0.0), view("ready", running=20)]
     bound = _route(views, c=call(prompt=1600, ttft_budget_s=5.0), seed=3)

@@ -68,7 +68,7 @@ def test_kv_cache_axis() -> None:
     scores = _score(
         score_kv_cache,
         [a, b, c],
-        est={"a": _est(wait_s=0.0), "b": _est(wait_s=2.0), "c": _est(wait_s=0.0)},
+        est={"a": _est(), "b": _est(ttft_s=2.1, wait_s=2.0), "c": _est()},
         cached={"a": 500, "b": 1000},
         saved={"a": 0.02, "b": 0.04},
     )
@@ -80,11 +80,26 @@ def test_kv_cache_axis() -> None:
 
 def test_hot_spot_rule_has_a_knob() -> None:
     views = [view("a"), view("b")]
-    est = {"a": _est(wait_s=0.0), "b": _est(wait_s=1.0)}
+    est = {"a": _est(), "b": _est(ttft_s=1.1, wait_s=1.0)}
     kw = {"est": est, "cached": {"b": 1000}, "saved": {"b": 0.5}}
     assert _score(score_kv_cache, views, **kw)["b"] == 0.0
     lenient = RoutingConfig(affinity_penalty_ratio=2.5)
     assert _score(score_kv_cache, views, cfg=lenient, **kw)["b"] == 1.0
+
+
+def test_hot_spot_rule_compares_ttft_not_wait() -> None:
+    """The holder waits 0.5 s longer than the idle engine, more than the 0.3 s of prefill
+    its cache saves; but the idle engine must prefill those 0.3 s itself, so the holder's
+    TTFT is only 0.2 s worse and it keeps its bonus. Comparing waits (the old rule) took
+    the bonus away and sent the call to an engine holding none of its blocks."""
+    views = [view("holder"), view("idle")]
+    est = {"holder": _est(ttft_s=0.52, wait_s=0.5), "idle": _est(ttft_s=0.32, wait_s=0.0)}
+    kw = {"est": est, "cached": {"holder": 1000}, "saved": {"holder": 0.3}}
+    assert _score(score_kv_cache, views, **kw)["holder"] == 1.0
+    ctx, pool = _ctx(views, **kw)  # type: ignore[arg-type]
+    assert "TTFT +0.200s <= saves 0.300s" in score_kv_cache(ctx, pool, views[0]).reason
+    slower = {**est, "holder": _est(ttft_s=0.72, wait_s=0.7)}  # 0.4 s worse: hot
+    assert _score(score_kv_cache, views, **{**kw, "est": slower})["holder"] == 0.0
 
 
 def test_load_axis_is_relative_to_the_pool() -> None:
@@ -165,7 +180,7 @@ def test_priority_axis(priority: PriorityClass, kv: float, waiting: int, expecte
 
 def test_affinity_axis() -> None:
     views = [view("a"), view("b")]
-    est = {"a": _est(wait_s=0.0), "b": _est(wait_s=0.3)}
+    est = {"a": _est(), "b": _est(ttft_s=0.4, wait_s=0.3)}
     assert _score(score_affinity, views, est=est) == {"a": 0.0, "b": 0.0}
     kept = _score(score_affinity, views, est=est, affinity="b", saved={"b": 0.5})
     assert kept == {"a": 0.0, "b": 1.0}

@@ -102,6 +102,34 @@ def test_profile_prior_follows_the_hardware_and_the_time_scale() -> None:
     assert isinstance(prior_for_endpoint(emulated), EndpointPrior)
 
 
+def test_prefix_outcomes_say_why_a_call_left_the_blocks_holder() -> None:
+    """Every keyed route is counted against the endpoint holding most of its blocks; a
+    miss is explained (the holder's axes, or its state when it was filtered out)."""
+    from inferplane.core.types import EndpointState
+    from tests.core.routing_helpers import call, view
+
+    fleet = parse_config({"endpoints": [_endpoint("a"), _endpoint("b")]})
+    router = GatewayRouter(fleet)
+    keys = tuple(range(200))
+    c = call(model=MODEL, prompt=3200, keys=keys)
+    idle = [view("a", model=MODEL), view("b", model=MODEL)]
+    assert router.route(c, idle, 0.0).primary is not None
+    router.index.record_route("a", keys, 0.0)
+    assert router.route(c, idle, 0.0).primary == "a"
+    hot = [view("a", model=MODEL, waiting=300, running=256), view("b", model=MODEL)]
+    assert router.route(c, hot, 0.0).primary == "b"
+    out = [view("a", model=MODEL, state=EndpointState.EJECTED), view("b", model=MODEL)]
+    assert router.route(c, out, 0.0).primary == "b"
+    stats = router.prefix_stats()
+    assert stats["routed_no_holder"] == 1 and stats["routed_on_best_holder"] == 1
+    assert stats["routed_holder_outscored"] == 1 and stats["routed_holder_not_candidate"] == 1
+    outscored, filtered = stats["miss_samples"]
+    assert (outscored["holder"], outscored["primary"]) == ("a", "b")
+    assert outscored["holder_axes"]["kv_cache"][1].startswith("hot: TTFT +")
+    assert outscored["blocks"] == 200 and outscored["primary_blocks"] == 0
+    assert filtered == {**filtered, "holder": "a", "holder_state": "ejected", "primary": "b"}
+
+
 def _shared_full_blocks(a: dict[str, Any], b: dict[str, Any]) -> int:
     """Tokens of the full 16-token blocks two prompts share (what a prefix cache reuses)."""
     ids_a, ids_b = prompt_token_ids(ApiKind.CHAT, a), prompt_token_ids(ApiKind.CHAT, b)
