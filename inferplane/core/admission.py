@@ -19,7 +19,9 @@ For each call, in order (the first rule that answers decides):
 5. **admit** when nothing of its class or above waits and an endpoint has a free slot
    for its class (lower classes leave a share of every endpoint's slots and KV free, and
    are held while the predicted wait at the best endpoint is over their cap: the headroom
-   that lets a critical call start at once, ``AdmissionConfig.headroom``), else
+   that lets a critical call start at once, ``AdmissionConfig.headroom``; held only
+   while a higher class has demand, by a cap that follows its TTFT budgets:
+   :mod:`inferplane.core.headroom`), else
    **enqueue** (evicting lower-class, least-protected, newest calls when full; a call
    that would itself be the victim is rejected as ``queue_full``).
 
@@ -37,7 +39,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from inferplane.core.admission_config import AdmissionConfig, AdmissionMode
+from inferplane.core.admission_config import AdmissionConfig, AdmissionMode, PerClass
 from inferplane.core.admission_stats import AdmissionSnapshot, AdmissionStats
 from inferplane.core.capacity import (
     AdmissionPredictor,
@@ -46,6 +48,7 @@ from inferplane.core.capacity import (
     pool_capacity,
     scraped_saturation,
 )
+from inferplane.core.headroom import HeadroomDemand
 from inferplane.core.predictor import LatencyPredictor
 from inferplane.core.queueing import ExitKind, QueueExit, QueueItem, RequestQueue
 from inferplane.core.quotas import QuotaBook
@@ -113,6 +116,8 @@ class Admission:
         self.quotas = QuotaBook(self.config.quotas)
         self.workflows = WorkflowLedger(self.config.workflows)
         self.stats = AdmissionStats()
+        self.headroom = HeadroomDemand(self.config.headroom)
+        self._held_config: dict[PerClass, AdmissionConfig] = {}  # by wait caps (a few)
 
     # -- the decision -------------------------------------------------------------------
 
@@ -138,6 +143,7 @@ class Admission:
             if isinstance(decision, Reject):
                 self.quotas.release(call.request_id, now, num_tokens=0)
             return self._count(call, decision)
+        self.note_arrival(call, now)
         uncached = max(0, call.num_prompt_tokens - num_cached_tokens)
         cap = self._capacity(
             call.model, uncached, pool, self.predictor, self.config, now, call.priority
@@ -152,6 +158,21 @@ class Admission:
             else:
                 self.workflows.on_dispatch(call, now)
         return self._count(call, decision)
+
+    def note_arrival(self, call: CallContext, now: float) -> None:
+        """``call`` arrived: its class has demand (and maybe a TTFT budget) to protect."""
+        self.headroom.note(call.priority, call.ttft_budget_s, now)
+
+    def held_config(self, now: float) -> AdmissionConfig:
+        """The config with the wait caps of the demand seen now (cached per caps)."""
+        caps = self.headroom.wait_caps(now)
+        found = self._held_config.get(caps)
+        if found is None:
+            if len(self._held_config) >= 64:  # budgets drift: keep the cache bounded
+                self._held_config.clear()
+            head = self.config.headroom.model_copy(update={"max_wait_s": caps})
+            found = self._held_config[caps] = self.config.model_copy(update={"headroom": head})
+        return found
 
     def _decide(
         self, call: CallContext, cap: PoolCapacity, now: float, size_bytes: int
@@ -174,7 +195,8 @@ class Admission:
         if sat >= limit:
             msg = f"{prio.value} shed: pool saturation {sat:.2f} >= {limit:.2f}"
             return Reject("saturated", msg, self._ra(drain_s), 429, sat)
-        held = cap.best.wait_s > cfg.headroom.max_wait_s.of(prio)  # engines' queues too long
+        # engines' queues too long for the higher-class demand seen
+        held = cap.best.wait_s > self.held_config(now).headroom.max_wait_s.of(prio)
         if ahead.num_calls == 0 and cap.free_slots > 0 and not held:
             return Admit("admitted", sat, ttft_s)
         return self._enqueue(call, cap, ttft_s, standing, now, size_bytes, sat, drain_s)
@@ -272,7 +294,7 @@ class Admission:
         dispatched call now, on fresh state, and call :meth:`on_finish` when it ends.
         """
         exits = self.queue.expire(now)
-        room = DispatchBudget(pool_for, self.predictor, self.config, now)
+        room = DispatchBudget(pool_for, self.predictor, self.held_config(now), now)
         budget = len(self.queue) if limit is None else limit
         while budget > 0:
             out = self.queue.pop_next(now, lambda item: room.allows(item.call))

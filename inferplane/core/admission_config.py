@@ -136,6 +136,13 @@ class HeadroomConfig(_Frozen):
     ``max_wait_s``: the engines' queues stay short enough for a critical call arriving
     next to meet a TTFT budget of a few seconds, and the rest waits in the gateway queue,
     where critical calls overtake it.
+
+    The hold protects demand that exists: a class is held only while a call of a higher
+    class arrived within ``demand_window_s`` (a fleet serving standard calls alone lets
+    its engines queue as deep as its deadlines allow), and its cap follows the TTFT
+    budgets those higher-class calls carry: ``budget_share`` x their mean budget (EWMA),
+    or ``max_wait_s`` while they carry none. Budgets are on the gateway's clock, so the
+    cap follows engines slower than the GPUs the defaults assume (emulated, scaled).
     """
 
     #: Measured in bench/overload.py (vLLM's 256 sequences: standard fills at most 53
@@ -144,6 +151,10 @@ class HeadroomConfig(_Frozen):
     slot_share: PerClass = PerClass(critical=0.0, standard=0.8, sheddable=0.85)
     kv_share: PerClass = PerClass(critical=0.0, standard=0.1, sheddable=0.2)
     max_wait_s: PerClass = PerClass(critical=float("inf"), standard=1.0, sheddable=0.5)
+    #: A class is held only while a higher class had a call within this many seconds.
+    demand_window_s: float = Field(default=30.0, gt=0)
+    #: Cap as a share of the higher classes' TTFT budgets (2 s budgets: the caps above).
+    budget_share: PerClass = PerClass(critical=float("inf"), standard=0.5, sheddable=0.25)
 
     @model_validator(mode="after")
     def _check_shares(self) -> HeadroomConfig:
@@ -152,9 +163,10 @@ class HeadroomConfig(_Frozen):
             for value in (per.critical, per.standard, per.sheddable):
                 if not 0.0 <= value < 1.0:
                     raise ValueError(f"headroom {name} must be in [0, 1): {value}")
-        wait = self.max_wait_s
-        if min(wait.critical, wait.standard, wait.sheddable) <= 0:
-            raise ValueError("headroom max_wait_s must be > 0")
+        for name in ("max_wait_s", "budget_share"):
+            per = getattr(self, name)
+            if min(per.critical, per.standard, per.sheddable) <= 0:
+                raise ValueError(f"headroom {name} must be > 0")
         return self
 
 

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from inferplane.core.admission import Admission, Admit, Reject
-from inferplane.core.admission_config import AdmissionConfig
+from inferplane.core.admission_config import AdmissionConfig, AdmissionMode
 from inferplane.core.capacity import AdmissionPredictor, endpoint_saturation, free_slots
 from inferplane.core.queueing import ExitKind, QueueExit
 from inferplane.core.quotas import QuotaExceeded
@@ -148,6 +148,8 @@ class AdmissionGate:
         core = self.core
         if core.queue or call.workflow_id is not None:
             return False
+        if core.config.mode is AdmissionMode.INFERPLANE:
+            core.note_arrival(call, now)  # demand the headroom protects (budget-less)
         if call.deadline_s is not None or call.ttft_budget_s is not None:
             return False
         cfg, predictor, model = core.config, core.predictor, call.model

@@ -400,6 +400,7 @@ WAIT_CAP = NO_HEADROOM.model_copy(
 
 def test_lower_classes_are_held_while_the_engines_queue_too_long() -> None:
     a = adm(StubPredictor(wait_s=0.6), headroom=WAIT_CAP)
+    a.note_arrival(call("c0", prio=CRIT), 0.0)  # critical demand to protect (no budget)
     assert isinstance(a.admit(call("x", prio=SHED), IDLE, 0.0), Enqueue)  # 0.6 > 0.5
     assert isinstance(a.admit(call("s", prio=STD), IDLE, 0.0), Admit)  # 0.6 <= 1.0
     assert isinstance(a.admit(call("c", prio=CRIT), IDLE, 0.0), Admit)
@@ -408,6 +409,7 @@ def test_lower_classes_are_held_while_the_engines_queue_too_long() -> None:
 
 def test_dispatch_charges_the_wait_of_the_calls_it_sends() -> None:
     a = adm(StubPredictor(wait_s=0.4), headroom=WAIT_CAP)
+    a.note_arrival(call("c0", prio=CRIT), 0.0)  # critical demand to protect (no budget)
     full = busy(in_flight=5)
     for i in range(3):
         assert isinstance(a.admit(call(f"x{i}", prio=SHED, prompt=2000), full, 0.0), Enqueue)

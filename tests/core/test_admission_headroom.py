@@ -1,0 +1,78 @@
+"""The wait-cap hold protects demand that exists (core/headroom.py, core/admission.py).
+
+A lower class is held in the gateway queue while the predicted engine wait exceeds its
+cap only while a higher class had a call within ``demand_window_s``; the cap follows the
+TTFT budgets those calls carry. Before, a fleet serving standard calls alone was held at a
+fixed 1 s of engine queue (the peer scoreboard's 0.7x shared-prefix run queued 347 calls).
+"""
+
+from __future__ import annotations
+
+import math
+
+from inferplane.core.admission import Admit, Enqueue
+from inferplane.core.admission_config import HeadroomConfig, PerClass
+from inferplane.core.headroom import HeadroomDemand
+from tests.core.test_admission import (
+    CRIT,
+    IDLE,
+    INF,
+    SHED,
+    STD,
+    WAIT_CAP,
+    StubPredictor,
+    adm,
+    call,
+)
+
+
+def test_no_higher_class_demand_means_no_hold() -> None:
+    a = adm(StubPredictor(wait_s=5.0), headroom=WAIT_CAP)  # engines queue 5 s deep
+    for i in range(20):  # standard and sheddable alone: nothing to keep headroom for
+        assert isinstance(a.admit(call(f"s{i}", prio=STD), IDLE, float(i)), Admit)
+    assert a.headroom.wait_caps(20.0).standard == INF
+    assert a.headroom.wait_caps(20.0).sheddable == 0.5  # standard demand protects itself
+    assert isinstance(a.admit(call("x", prio=SHED), IDLE, 20.0), Enqueue)
+
+
+def test_critical_demand_holds_standard_until_the_window_passes() -> None:
+    a = adm(StubPredictor(wait_s=1.5), headroom=WAIT_CAP)  # window 30 s by default
+    assert isinstance(a.admit(call("s0", prio=STD), IDLE, 0.0), Admit)
+    assert isinstance(a.admit(call("c", prio=CRIT), IDLE, 1.0), Admit)
+    assert isinstance(a.admit(call("s1", prio=STD, arrival=2.0), IDLE, 2.0), Enqueue)  # 1.5 > 1
+    assert a.poll(30.0, lambda m: IDLE) == []  # critical seen 29 s ago: still held
+    out = a.poll(31.5, lambda m: IDLE)  # 30.5 s: the hold lifts, the queue drains
+    assert [e.item.request_id for e in out] == ["s1"]
+
+
+def test_cap_follows_the_ttft_budgets_of_higher_classes() -> None:
+    a = adm(StubPredictor(wait_s=1.5), headroom=WAIT_CAP)  # shares 0.5 / 0.25
+    a.note_arrival(call("c", prio=CRIT, ttft_budget_s=4.0), 0.0)  # e.g. a 2x slower fleet
+    caps = a.headroom.wait_caps(0.0)
+    assert (caps.critical, caps.standard) == (INF, 2.0)
+    assert caps.sheddable == 1.0  # min over critical (0.25 x 4) and standard (none yet)
+    assert isinstance(a.admit(call("s", prio=STD), IDLE, 0.0), Admit)  # 1.5 <= 2.0
+    assert isinstance(a.admit(call("x", prio=SHED), IDLE, 0.0), Enqueue)  # 1.5 > 1.0
+    tight = adm(StubPredictor(wait_s=1.5), headroom=WAIT_CAP)
+    tight.note_arrival(call("c", prio=CRIT, ttft_budget_s=2.0), 0.0)
+    assert isinstance(tight.admit(call("s", prio=STD), IDLE, 0.0), Enqueue)  # 1.5 > 1.0
+
+
+def test_budget_mean_moves_with_calls_and_ignores_nonsense() -> None:
+    d = HeadroomDemand(HeadroomConfig(budget_share=PerClass(critical=1, standard=1, sheddable=1)))
+    d.note(CRIT, 2.0, 0.0)
+    for budget in (-1.0, 0.0, math.inf, math.nan, None):
+        d.note(CRIT, budget, 0.0)
+    assert d.wait_caps(0.0).standard == 2.0
+    for _ in range(200):
+        d.note(CRIT, 6.0, 1.0)
+    assert 5.9 < d.wait_caps(1.0).standard <= 6.0
+    assert d.wait_caps(1.0 + 30.0 + 1e-6).standard == INF  # the window passed
+
+
+def test_retry_budgets_lower_the_cap_by_a_bounded_step() -> None:
+    d = HeadroomDemand(HeadroomConfig())
+    for _ in range(50):
+        d.note(CRIT, 2.0, 0.0)
+    d.note(CRIT, 0.1, 0.0)  # a retry with little budget left moves the mean by 10% only
+    assert d.wait_caps(0.0).standard > 0.9
