@@ -50,6 +50,7 @@ from inferplane.gateway.proxy import Candidate, Exchange, Proxy
 from inferplane.gateway.recorder import Recorder
 from inferplane.gateway.response_cache import CacheLookup, ResponseCache, StreamCapture
 from inferplane.gateway.router import GatewayRouter
+from inferplane.gateway.server import FRONT_ROUTES, FrontRoutes, FrontSite
 from inferplane.gateway.shared_ledger import setup_workflow_routes
 from inferplane.gateway.stats import render_metrics, stats_body
 from inferplane.gateway.tracing import GatewayTracer, TracingConfig, setup_tracing
@@ -113,6 +114,9 @@ class Gateway:
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/v1/stats", self._stats)
         app.router.add_post("/v1/workflows/{workflow_id}/end", self._end_workflow)
+        # The generation routes are also answered by the lean front server (``server``).
+        hot = {ApiKind.CHAT: self._chat, ApiKind.COMPLETIONS: self._completions}
+        app[FRONT_ROUTES] = FrontRoutes(hot, self.config.gateway.max_body_bytes)
         app.on_startup.append(self._on_startup)
         app.on_cleanup.append(self._on_cleanup)
         setup_dashboard(app)
@@ -435,7 +439,7 @@ async def start_server(
         app, handler_cancellation=True, access_log=None, shutdown_timeout=shutdown_timeout_s
     )
     await runner.setup()
-    site = web.TCPSite(runner, host, port, backlog=2048)
+    site = FrontSite(runner, host, port, backlog=2048, front_shutdown_timeout_s=shutdown_timeout_s)
     await site.start()
     bound = runner.addresses[0][1]
     return runner, int(bound)
