@@ -7,16 +7,18 @@ grow. So an endpoint is ejected (its breaker opens) on any of:
 * ``consecutive_failures`` counted failures in a row (Envoy's consecutive 5xx);
 * a failure rate of at least ``failure_rate`` over ``failure_window_s`` with at least
   ``min_requests`` outcomes;
-* a latency outlier: the median observed/predicted TTFT (or time between tokens) of its
+* a latency outlier (:mod:`inferplane.core.latency_outliers`): over its
   ``latency_recent_samples`` most recent samples (at least ``latency_min_samples`` within
-  ``latency_window_s``) is ``latency_ratio`` times the pool's median of the same ratio, and
-  at least ``latency_min_ratio``. Only the recent samples count, so a GPU that degrades is
-  not outvoted by its own healthy past (routing sends it little once the predictor learns,
-  so fresh samples are few). Dividing by the prediction made at dispatch (the predictor's
-  *uncalibrated* ``raw_ttft_s`` / ``raw_tpot_s``, which do not absorb the slowness) makes a
-  busy endpoint's long TTFT expected, a degraded one's not. Latencies count whatever ended
-  the attempt (a client that gave up on a slow stream measured it too), and ``observe``
-  takes evidence from attempts still running (one overdue by a given ratio).
+  ``latency_window_s``), TTFT (or time between tokens) against the prediction made at
+  dispatch is ``latency_ratio`` times the pool's median both as a ratio (and at least
+  ``latency_min_ratio``) and as an excess in seconds, so a uniformly slow fleet ejects
+  nobody. Only the recent samples count, so a GPU that degrades is not outvoted by its own
+  healthy past (routing sends it little once the predictor learns, so fresh samples are
+  few). The prediction is the predictor's *uncalibrated* ``raw_ttft_s`` / ``raw_tpot_s``
+  (which do not absorb the slowness), so a busy endpoint's long TTFT is expected, a
+  degraded one's not. Latencies count whatever ended the attempt (a client that gave up on
+  a slow stream measured it too), and ``overdue_stat`` / ``observe_overdue`` take evidence
+  from attempts still running.
 
 Only failures the endpoint caused count: a 4xx caused by the request (prompt too long, bad
 JSON), a client that went away, or a 429 (load, which routing and throttling handle) never
@@ -35,15 +37,27 @@ Time-driven transitions (ejection expiry, latency sweeps, forgiveness) happen in
 from __future__ import annotations
 
 import dataclasses
-import enum
 import math
-import statistics
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import islice
 
-from inferplane.core.retry import FailureKind
+from inferplane.core.breaker_types import (
+    BreakerConfig,
+    BreakerEvent,
+    BreakerState,
+    Outcome,
+    Trigger,
+)
+from inferplane.core.latency_outliers import (
+    AS_PREDICTED,
+    TBT,
+    TTFT,
+    LatencySamples,
+    LatencyStat,
+    describe,
+    is_outlier,
+    reference,
+)
 from inferplane.core.throttle import SlidingCounter
 from inferplane.core.types import EndpointState, EndpointView
 
@@ -56,89 +70,7 @@ __all__ = [
     "Trigger",
 ]
 
-
-class BreakerState(enum.Enum):
-    CLOSED = "closed"  # takes traffic
-    OPEN = "open"  # ejected until its ejection expires
-    HALF_OPEN = "half_open"  # probing: a few requests at a time decide its return
-
-
-class Trigger(enum.Enum):
-    """What caused a breaker event."""
-
-    CONSECUTIVE_FAILURES = "consecutive_failures"
-    FAILURE_RATE = "failure_rate"
-    LATENCY_OUTLIER = "latency_outlier"
-    EJECTION_EXPIRED = "ejection_expired"
-    PROBE_FAILED = "probe_failed"
-    PROBES_PASSED = "probes_passed"
-    CAP_REACHED = "cap_reached"  # an ejection was due but the pool's cap refused it
-
-
-@dataclass(frozen=True, slots=True)
-class BreakerConfig:
-    consecutive_failures: int = 5
-    failure_rate: float = 0.5
-    failure_window_s: float = 30.0
-    min_requests: int = 10
-    latency_ratio: float = 3.0  # x the pool's median observed/predicted ratio
-    latency_min_ratio: float = 1.5  # and at least this far above its own prediction
-    latency_min_samples: int = 3  # per endpoint, within the window
-    latency_recent_samples: int = 3  # an endpoint's median is over its latest samples
-    latency_min_peers: int = 3  # endpoints with enough samples to form a pool median
-    latency_window_s: float = 30.0
-    latency_max_samples: int = 64
-    base_ejection_s: float = 30.0
-    max_ejection_s: float = 300.0
-    max_ejected_share: float = 0.1
-    probe_successes: int = 3
-    probe_concurrency: int = 1
-    forgive_after_s: float = 300.0
-
-    def __post_init__(self) -> None:
-        counts = (self.consecutive_failures, self.min_requests, self.latency_min_samples)
-        if min(counts) < 1 or self.latency_min_peers < 2 or self.latency_max_samples < 1:
-            raise ValueError("breaker counts must be >= 1 (latency_min_peers >= 2)")
-        if not 0 < self.failure_rate <= 1 or not 0 <= self.max_ejected_share <= 1:
-            raise ValueError("failure_rate must be in (0, 1], max_ejected_share in [0, 1]")
-        if min(self.failure_window_s, self.latency_window_s, self.base_ejection_s) <= 0:
-            raise ValueError("breaker windows and base_ejection_s must be > 0")
-        if self.max_ejection_s < self.base_ejection_s or self.forgive_after_s <= 0:
-            raise ValueError("max_ejection_s must be >= base_ejection_s, forgive_after_s > 0")
-        if self.probe_successes < 1 or self.probe_concurrency < 1 or self.latency_ratio <= 1:
-            raise ValueError("probe counts must be >= 1 and latency_ratio > 1")
-        recent = self.latency_recent_samples
-        if not self.latency_min_samples <= recent <= self.latency_max_samples:
-            raise ValueError("need latency_min_samples <= recent_samples <= max_samples")
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """One finished attempt on an endpoint: its failure (None: success) and latencies.
-
-    ``predicted_*`` are the predictions made at dispatch (uncalibrated); without them the
-    latencies are not used for outlier detection.
-    """
-
-    failure: FailureKind | None = None
-    ttft_s: float | None = None
-    predicted_ttft_s: float | None = None
-    tbt_s: float | None = None  # mean time between tokens of the attempt
-    predicted_tbt_s: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class BreakerEvent:
-    endpoint: str
-    before: BreakerState
-    after: BreakerState
-    trigger: Trigger
-    reason: str
-    until_s: float | None = None  # when the ejection ends (OPEN only)
-
-
 _OK, _FAIL = 0, 1
-_METRICS = ("TTFT", "TBT")
 
 
 @dataclass(slots=True)
@@ -147,7 +79,7 @@ class _Breaker:
 
     pool: str
     counts: SlidingCounter  # (ok, failed) over the failure window
-    ratios: tuple[deque[tuple[float, float]], deque[tuple[float, float]]]  # (t, TTFT/TBT ratio)
+    samples: LatencySamples  # TTFT and TBT against their predictions
     state: BreakerState = BreakerState.CLOSED
     since_s: float = 0.0
     until_s: float = 0.0
@@ -159,40 +91,25 @@ class _Breaker:
 
     @classmethod
     def new(cls, pool: str, cfg: BreakerConfig) -> _Breaker:
-        n = cfg.latency_max_samples
-        return cls(
-            pool, SlidingCounter(cfg.failure_window_s, 2), (deque(maxlen=n), deque(maxlen=n))
-        )
+        counts = SlidingCounter(cfg.failure_window_s, 2)
+        return cls(pool, counts, LatencySamples(cfg.latency_max_samples))
 
     def reset_signals(self) -> None:
         self.consecutive = 0
         self.counts.clear()
-        for samples in self.ratios:
-            samples.clear()
+        self.samples.clear()
 
-    def median_ratio(self, metric: int, now: float, cfg: BreakerConfig) -> float | None:
-        samples = self.ratios[metric]
-        while samples and samples[0][0] < now - cfg.latency_window_s:
-            samples.popleft()
-        if len(samples) < cfg.latency_min_samples:
-            return None
-        return statistics.median(
-            r for _, r in islice(reversed(samples), cfg.latency_recent_samples)
+    def latency(self, metric: int, now: float, cfg: BreakerConfig) -> LatencyStat | None:
+        return self.samples.stat(
+            metric, now, cfg.latency_window_s, cfg.latency_min_samples, cfg.latency_recent_samples
         )
 
 
-def _ratio(observed_s: float | None, predicted_s: float | None) -> float | None:
-    if observed_s is None or predicted_s is None or predicted_s <= 0:
-        return None
-    ratio = observed_s / predicted_s
-    return ratio if math.isfinite(ratio) and ratio >= 0 else None
-
-
-def _ratios(outcome: Outcome) -> tuple[float | None, float | None]:
-    """Observed over predicted, for TTFT and TBT (None where either is missing)."""
+def _stats(outcome: Outcome) -> tuple[LatencyStat | None, LatencyStat | None]:
+    """TTFT and TBT against their predictions (None where either is missing)."""
     return (
-        _ratio(outcome.ttft_s, outcome.predicted_ttft_s),
-        _ratio(outcome.tbt_s, outcome.predicted_tbt_s),
+        LatencyStat.of(outcome.ttft_s, outcome.predicted_ttft_s),
+        LatencyStat.of(outcome.tbt_s, outcome.predicted_tbt_s),
     )
 
 
@@ -202,6 +119,11 @@ class BreakerBoard:
     def __init__(self, config: BreakerConfig | None = None) -> None:
         self._cfg = config or BreakerConfig()
         self._breakers: dict[str, _Breaker] = {}
+        # Pool references, memoised while neither time, samples nor states change (the
+        # gateway checks every running attempt against its pool once per sweep).
+        self._version = 0
+        self._memo_at: tuple[float, int] = (math.nan, -1)
+        self._memo: dict[tuple[str, int], LatencyStat | None] = {}
 
     @property
     def config(self) -> BreakerConfig:
@@ -210,9 +132,11 @@ class BreakerBoard:
     def register(self, endpoint: str, pool: str = "") -> None:
         """Add an endpoint (idempotent; a changed pool is updated)."""
         self._get(endpoint, pool).pool = pool
+        self._version += 1
 
     def remove(self, endpoint: str) -> None:
         self._breakers.pop(endpoint, None)
+        self._version += 1
 
     def state(self, endpoint: str) -> BreakerState:
         b = self._breakers.get(endpoint)
@@ -278,24 +202,40 @@ class BreakerBoard:
         b.counts.add(now, _FAIL)
         return self._check_failures(endpoint, b, now)
 
-    def observe_overdue(self, endpoint: str, ratio: float, now: float) -> list[BreakerEvent]:
-        """An attempt still running on ``endpoint`` has taken ``ratio`` x its predicted
-        duration already: a lower bound on its slowness, counted as one time-between-tokens
-        sample (a probe that overdue fails at once). Call it once per attempt."""
-        b = self._get(endpoint)
-        outcome = Outcome(tbt_s=ratio, predicted_tbt_s=1.0)
-        if b.state is BreakerState.HALF_OPEN:
-            return self._probe_result(endpoint, b, outcome, now, counted=False)
-        if b.state is BreakerState.CLOSED:
-            self._add_samples(b, outcome, now)
-        return []
-
-    def latency_limit(self, endpoint: str, now: float) -> float:
-        """The observed/predicted ratio above which an attempt on ``endpoint`` is slow now
-        (against its pool's median time between tokens, or its prediction without peers)."""
+    def overdue_stat(
+        self, endpoint: str, elapsed_s: float, predicted_s: float, num_tokens: int, now: float
+    ) -> LatencyStat | None:
+        """Whether an attempt still running on ``endpoint`` for ``elapsed_s``, predicted to
+        take ``predicted_s`` for ``num_tokens`` output tokens, is already a latency outlier
+        against its pool (ratio over the pool's time-between-tokens ratio; excess over the
+        pool's TTFT excess plus its per-token excess for every token): then the evidence
+        to pass to ``observe_overdue``, as a time-between-tokens sample, else None."""
+        whole = LatencyStat.of(elapsed_s, predicted_s)
         b = self._breakers.get(endpoint)
-        pool = None if b is None else self._pool_median(b.pool, 1, now)
-        return self._limit(1.0 if pool is None else pool)
+        if whole is None or b is None:
+            return None
+        ttft = self._pool_reference(b.pool, TTFT, now) or AS_PREDICTED
+        tbt = self._pool_reference(b.pool, TBT, now) or AS_PREDICTED
+        steps = max(0, num_tokens - 1)
+        expected_excess_s = max(0.0, ttft.excess_s) + steps * max(0.0, tbt.excess_s)
+        pool = LatencyStat(tbt.ratio, expected_excess_s)
+        cfg = self._cfg
+        if not is_outlier(whole, pool, cfg.latency_ratio, cfg.latency_min_ratio):
+            return None
+        per_token_s = max(0.0, whole.excess_s - max(0.0, ttft.excess_s)) / max(1, steps)
+        return LatencyStat(whole.ratio, per_token_s)
+
+    def observe_overdue(self, endpoint: str, stat: LatencyStat, now: float) -> list[BreakerEvent]:
+        """Count ``overdue_stat``'s evidence once per attempt: a time-between-tokens sample
+        (a lower bound on its slowness); a probe that overdue fails at once."""
+        b = self._get(endpoint)
+        if b.state is BreakerState.HALF_OPEN:
+            why = f"probe overdue: {stat.ratio:.2f}x its predicted duration"
+            return [self._open(endpoint, b, now, Trigger.PROBE_FAILED, why)]
+        if b.state is BreakerState.CLOSED:
+            b.samples.add(TBT, now, stat)
+            self._version += 1
+        return []
 
     def _get(self, endpoint: str, pool: str = "") -> _Breaker:
         b = self._breakers.get(endpoint)
@@ -304,9 +244,10 @@ class BreakerBoard:
         return b
 
     def _add_samples(self, b: _Breaker, outcome: Outcome, now: float) -> None:
-        for samples, ratio in zip(b.ratios, _ratios(outcome), strict=True):
-            if ratio is not None:
-                samples.append((now, ratio))
+        for metric, stat in enumerate(_stats(outcome)):
+            if stat is not None:
+                b.samples.add(metric, now, stat)
+                self._version += 1
 
     def _check_failures(self, endpoint: str, b: _Breaker, now: float) -> list[BreakerEvent]:
         cfg = self._cfg
@@ -323,7 +264,7 @@ class BreakerBoard:
     def _probe_result(
         self, endpoint: str, b: _Breaker, outcome: Outcome, now: float, *, counted: bool = True
     ) -> list[BreakerEvent]:
-        """A probe's outcome; one not counted (cancelled, still running) fails only if slow."""
+        """A probe's outcome; one not counted (cancelled) fails only if slow."""
         slow = self._outlier_reason(b, outcome, now)
         failed = outcome.failure if counted else None
         if failed is not None or slow is not None:
@@ -335,37 +276,40 @@ class BreakerBoard:
         if b.probe_ok < self._cfg.probe_successes:
             return []
         b.state, b.since_s, b.quiet_since_s = BreakerState.CLOSED, now, now
+        self._version += 1
         b.reset_signals()
         why = f"{b.probe_ok} probes passed"
         return [BreakerEvent(endpoint, BreakerState.HALF_OPEN, b.state, Trigger.PROBES_PASSED, why)]
 
     def _outlier_reason(self, b: _Breaker, outcome: Outcome, now: float) -> str | None:
         """Why this single outcome is still a latency outlier against its pool, if it is."""
-        for metric, ratio in enumerate(_ratios(outcome)):
-            if ratio is None:
+        cfg = self._cfg
+        for metric, stat in enumerate(_stats(outcome)):
+            if stat is None:
                 continue
-            pool = self._pool_median(b.pool, metric, now)
-            pool = 1.0 if pool is None else pool  # no fresh peers: as predicted
-            if ratio >= self._limit(pool):
-                return f"{_METRICS[metric]} {ratio:.2f}x predicted vs pool {pool:.2f}x"
+            pool = self._pool_reference(b.pool, metric, now) or AS_PREDICTED  # no fresh peers
+            if is_outlier(stat, pool, cfg.latency_ratio, cfg.latency_min_ratio):
+                return describe(metric, stat, pool)
         return None
 
-    def _limit(self, pool_median: float) -> float:
-        return max(self._cfg.latency_min_ratio, self._cfg.latency_ratio * pool_median)
+    def _pool_reference(self, pool: str, metric: int, now: float) -> LatencyStat | None:
+        if self._memo_at != (now, self._version):
+            self._memo.clear()
+            self._memo_at = (now, self._version)
+        key = (pool, metric)
+        if key not in self._memo:
+            stats = self._latencies(pool, metric, now)
+            enough = len(stats) >= self._cfg.latency_min_peers
+            self._memo[key] = reference(stats.values()) if enough else None
+        return self._memo[key]
 
-    def _pool_median(self, pool: str, metric: int, now: float) -> float | None:
-        medians = self._medians(pool, metric, now)
-        if len(medians) < self._cfg.latency_min_peers:
-            return None
-        return statistics.median(medians.values())
-
-    def _medians(self, pool: str, metric: int, now: float) -> dict[str, float]:
-        out: dict[str, float] = {}
+    def _latencies(self, pool: str, metric: int, now: float) -> dict[str, LatencyStat]:
+        out: dict[str, LatencyStat] = {}
         for name, b in self._breakers.items():
             if b.pool == pool and b.state is BreakerState.CLOSED:
-                m = b.median_ratio(metric, now, self._cfg)
-                if m is not None:
-                    out[name] = m
+                stat = b.latency(metric, now, self._cfg)
+                if stat is not None:
+                    out[name] = stat
         return out
 
     def _eject(
@@ -388,6 +332,7 @@ class BreakerBoard:
         b.times_ejected += 1
         duration = min(cfg.max_ejection_s, cfg.base_ejection_s * b.times_ejected)
         b.state, b.since_s, b.until_s = BreakerState.OPEN, now, now + duration
+        self._version += 1
         b.probes_in_flight = b.probe_ok = 0
         b.reset_signals()
         why = f"{why}; ejected {duration:g}s (time {b.times_ejected})"
@@ -399,6 +344,7 @@ class BreakerBoard:
         for name, b in self._breakers.items():
             if b.state is BreakerState.OPEN and now >= b.until_s:
                 b.state, b.since_s = BreakerState.HALF_OPEN, now
+                self._version += 1
                 why = f"ejection of {self._duration(b):g}s over: probing"
                 events.append(
                     BreakerEvent(name, BreakerState.OPEN, b.state, Trigger.EJECTION_EXPIRED, why)
@@ -419,17 +365,19 @@ class BreakerBoard:
         return min(self._cfg.max_ejection_s, self._cfg.base_ejection_s * b.times_ejected)
 
     def _sweep_latency(self, pool: str, now: float) -> list[BreakerEvent]:
+        cfg = self._cfg
         worst: dict[str, tuple[float, str]] = {}
-        for metric, label in enumerate(_METRICS):
-            medians = self._medians(pool, metric, now)
-            if len(medians) < self._cfg.latency_min_peers:
+        for metric in (TTFT, TBT):
+            stats = self._latencies(pool, metric, now)
+            if len(stats) < cfg.latency_min_peers:
                 continue
-            pool_median = statistics.median(medians.values())
-            for name, ratio in medians.items():
-                excess = ratio / max(pool_median, 1e-12)
-                if ratio >= self._limit(pool_median) and excess > worst.get(name, (0.0, ""))[0]:
-                    why = f"{label} {ratio:.2f}x predicted vs pool median {pool_median:.2f}x"
-                    worst[name] = (excess, why)
+            ref = reference(stats.values())
+            for name, stat in stats.items():
+                slower = stat.ratio / max(ref.ratio, 1e-12)
+                if not is_outlier(stat, ref, cfg.latency_ratio, cfg.latency_min_ratio):
+                    continue
+                if slower > worst.get(name, (0.0, ""))[0]:
+                    worst[name] = (slower, describe(metric, stat, ref))
         events: list[BreakerEvent] = []
         for name in sorted(worst, key=lambda n: (-worst[n][0], n)):
             b = self._breakers[name]

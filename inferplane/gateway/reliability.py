@@ -66,6 +66,7 @@ class _Running:
     endpoint: str
     started_s: float
     predicted_s: float | None  # TTFT + TPOT x (max_tokens - 1); None: unknown length
+    num_tokens: int = 0  # max_tokens
     overdue: bool = False  # reported to the breaker already
 
 
@@ -164,10 +165,10 @@ class Reliability:
             est = self.predictor.predict(view, ctx.model, ctx.num_prompt_tokens, now)
         task = _current_task()
         if task is not None and self.config.breaker.enabled:
-            total = None
-            if ctx.max_tokens is not None and ctx.max_tokens > 0:
-                total = est.raw_ttft_s + est.raw_tpot_s * (ctx.max_tokens - 1)
-            self._running[task] = _Running(endpoint, now, total)
+            total, num_tokens = None, ctx.max_tokens or 0
+            if num_tokens > 0:
+                total = est.raw_ttft_s + est.raw_tpot_s * (num_tokens - 1)
+            self._running[task] = _Running(endpoint, now, total, num_tokens)
         return est.raw_ttft_s, est.raw_tpot_s
 
     def dispatch(self, endpoint: str) -> None:
@@ -228,18 +229,17 @@ class Reliability:
 
     def _check_running(self, now: float) -> None:
         """Report each attempt running past its endpoint's latency limit, once."""
-        limits: dict[str, float] = {}
         for running in list(self._running.values()):
             if running.overdue or not running.predicted_s:
                 continue
-            ratio = (now - running.started_s) / running.predicted_s
-            name = running.endpoint
-            if name not in limits:
-                limits[name] = self.board.latency_limit(name, now)
-            if ratio >= limits[name]:
+            name, elapsed_s = running.endpoint, now - running.started_s
+            stat = self.board.overdue_stat(
+                name, elapsed_s, running.predicted_s, running.num_tokens, now
+            )
+            if stat is not None:
                 running.overdue = True
                 self.counts["overdue_attempts"] += 1
-                self._apply(self.board.observe_overdue(name, ratio, now))
+                self._apply(self.board.observe_overdue(name, stat, now))
 
     def _apply(self, events: list[BreakerEvent]) -> None:
         for event in events:

@@ -46,7 +46,8 @@ class BreakerSection(_Frozen):
     latency_window_s: float = Field(default=30.0, gt=0)
     base_ejection_s: float = Field(default=30.0, gt=0)
     max_ejection_s: float = Field(default=300.0, gt=0)
-    max_ejected_share: float = Field(default=0.25, ge=0, le=1)  # 2 of an 8-engine pool
+    #: Envoy's max_ejection_percent (10%, at least one endpoint): 1 of an 8-engine pool.
+    max_ejected_share: float = Field(default=0.1, ge=0, le=1)
     probe_successes: int = Field(default=3, ge=1)
     forgive_after_s: float = Field(default=300.0, gt=0)
     sweep_interval_s: float = Field(default=1.0, gt=0)

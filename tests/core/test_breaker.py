@@ -340,16 +340,24 @@ def test_overdue_attempts_are_evidence_and_fail_a_probe() -> None:
     for t in range(5):
         for i in range(3):
             board.record(f"e{i}", _tbt(1.0), float(t))
-    assert board.latency_limit("e3", 5.0) == pytest.approx(3.0)  # 3 x pool median 1.0
+    # 10 tokens predicted to take 1 s: 2 s in is under 3x the pool's ratio of 1.0, 4 s is not
+    assert board.overdue_stat("e3", 2.0, 1.0, 10, 5.0) is None
     for now in (5.0, 6.0):
-        assert board.observe_overdue("e3", 4.0, now) == []
+        stat = board.overdue_stat("e3", 4.0, 1.0, 10, now)
+        assert stat is not None and stat.ratio == pytest.approx(4.0)
+        assert stat.excess_s == pytest.approx(3.0 / 9)  # the excess per token after the first
+        assert board.observe_overdue("e3", stat, now) == []
     assert board.sweep(6.5) == []  # two samples < latency_min_samples
-    board.observe_overdue("e3", 4.0, 7.0)
+    stat = board.overdue_stat("e3", 4.0, 1.0, 10, 7.0)
+    assert stat is not None
+    board.observe_overdue("e3", stat, 7.0)
     (ev,) = board.sweep(7.0)
     assert ev.trigger is Trigger.LATENCY_OUTLIER
     board.sweep(7.0 + 30.0)  # half-open: a probe goes out and is overdue
     assert board.state("e3") is BreakerState.HALF_OPEN
     board.on_dispatch("e3")
-    assert board.observe_overdue("e3", 2.0, 38.0) == []  # no fresh peers: limit 3x
-    (ev,) = board.observe_overdue("e3", 4.0, 38.5)
+    assert board.overdue_stat("e3", 2.0, 1.0, 10, 38.0) is None  # no fresh peers: limit 3x
+    stat = board.overdue_stat("e3", 4.0, 1.0, 10, 38.5)
+    assert stat is not None
+    (ev,) = board.observe_overdue("e3", stat, 38.5)
     assert ev.trigger is Trigger.PROBE_FAILED and board.state("e3") is BreakerState.OPEN
