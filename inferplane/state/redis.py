@@ -14,8 +14,10 @@ replicas can both spend the last token of a bucket:
   score = expiry, capped at ``max_route_keys`` (the soonest to expire dropped first);
 * the response cache: plain keys with an absolute expiry (``PXAT``).
 
-Timeouts are short (tens of milliseconds on loopback or in-cluster) and there are no
-client-side retries: a slow store must fail fast so the resilient wrapper serves locally.
+Commands go through :class:`~inferplane.state.resp.RespClient` (one pipelined connection, a
+fraction of redis-py's CPU per call: the store is on every request's path). Timeouts are
+short (tens of milliseconds on loopback or in-cluster) and there are no client-side
+retries: a slow store must fail fast so the resilient wrapper serves locally.
 Times are the caller's wall clock (replicas are NTP-synchronised; a skew of milliseconds
 shifts a refill by as much, never the total admitted).
 """
@@ -23,12 +25,8 @@ shifts a refill by as much, never the total admitted).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import orjson
-import redis.asyncio as aioredis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from inferplane.core.state import (
     BucketLevel,
@@ -42,6 +40,7 @@ from inferplane.core.state import (
     match_length,
 )
 from inferplane.core.workflows import WorkflowRecord
+from inferplane.state.resp import RespClient, Script
 
 __all__ = ["RedisStore"]
 
@@ -135,6 +134,10 @@ def _num(value: float) -> str:
     return repr(float(value))
 
 
+_TAKE_SCRIPT, _WORKFLOW_SCRIPT = Script(_TAKE), Script(_WORKFLOW)
+_EJECT_SCRIPT, _EJECTIONS_SCRIPT = Script(_EJECT), Script(_EJECTIONS)
+
+
 class RedisStore:
     """Implements :class:`~inferplane.core.state.StateStore` on a Redis server."""
 
@@ -145,22 +148,11 @@ class RedisStore:
         prefix: str = "inferplane:",
         op_timeout_s: float = 0.05,
         connect_timeout_s: float | None = None,  # None: as op_timeout_s
-        max_connections: int = 256,
         max_route_keys: int = 100_000,
     ) -> None:
         self.prefix = prefix
         self._max_route_keys = max_route_keys
-        self.client: aioredis.Redis = aioredis.Redis.from_url(
-            url,
-            socket_timeout=op_timeout_s,
-            socket_connect_timeout=op_timeout_s if connect_timeout_s is None else connect_timeout_s,
-            retry=Retry(NoBackoff(), 0),
-            max_connections=max_connections,
-        )
-        self._take = self.client.register_script(_TAKE)
-        self._workflow = self.client.register_script(_WORKFLOW)
-        self._eject = self.client.register_script(_EJECT)
-        self._ejections = self.client.register_script(_EJECTIONS)
+        self.conn = RespClient(url, op_timeout_s=op_timeout_s, connect_timeout_s=connect_timeout_s)
 
     @property
     def mode(self) -> StoreMode:
@@ -179,17 +171,19 @@ class RedisStore:
     ) -> TakeResult:
         if not takes:
             return TakeResult(True)
-        keys = [self.prefix + "b:" + t.bucket.key for t in takes]
-        args: list[str] = [_num(now), "1" if check else "0"]
+        prefix = self.prefix + "b:"
+        keys = [prefix + t.bucket.key for t in takes]
+        args: list[str | float] = [float(now), "1" if check else "0"]
         for t in takes:
-            args += [_num(t.bucket.capacity), _num(t.bucket.refill_per_s), _num(t.amount)]
-        admitted, index, wait = await self._take(keys=keys, args=args)
-        if int(admitted) == 1:
+            b = t.bucket
+            args += [float(b.capacity), float(b.refill_per_s), float(t.amount)]
+        admitted, index, wait = await self.conn.run_script(_TAKE_SCRIPT, keys, args)
+        if admitted == 1:
             return TakeResult(True)
         return TakeResult(False, int(index), float(wait))
 
     async def bucket(self, spec: BucketSpec, now: float) -> float:
-        level, at_s = await self.client.hmget(self.prefix + "b:" + spec.key, ["l", "t"])
+        level, at_s = await self.conn.execute("HMGET", self.prefix + "b:" + spec.key, "l", "t")
         stored = None if level is None or at_s is None else BucketLevel(float(level), float(at_s))
         return level_at(spec, stored, now)
 
@@ -198,56 +192,51 @@ class RedisStore:
     async def workflow_update(
         self, workflow_id: str, delta: WorkflowDelta, now: float, ttl_s: float
     ) -> WorkflowRecord:
-        args = [
+        args: list[str | int] = [
             _num(now),
-            str(max(1, int(ttl_s * 1000))),
+            max(1, int(ttl_s * 1000)),
             delta.tenant,
-            "" if delta.steps_expected is None else str(delta.steps_expected),
-            str(delta.in_flight),
-            "" if delta.dispatched_step is None else str(delta.dispatched_step),
-            str(delta.tokens),
+            "" if delta.steps_expected is None else delta.steps_expected,
+            delta.in_flight,
+            "" if delta.dispatched_step is None else delta.dispatched_step,
+            delta.tokens,
             _num(delta.cost_usd),
-            str(delta.steps_done),
+            delta.steps_done,
         ]
-        flat = await self._workflow(keys=[self.prefix + "wf:" + workflow_id], args=args)
+        key = self.prefix + "wf:" + workflow_id
+        flat = await self.conn.run_script(_WORKFLOW_SCRIPT, [key], args)
         return _record(workflow_id, dict(zip(flat[::2], flat[1::2], strict=True)))
 
     async def workflow_put(self, record: WorkflowRecord, ttl_s: float) -> None:
         key = self.prefix + "wf:" + record.workflow_id
-        fields: dict[str, str] = {
-            "tenant": record.tenant,
-            "done": str(record.steps_done),
-            "max_step": str(record.max_step),
-            "tokens": str(record.tokens),
-            "cost": _num(record.cost_usd),
-            "retries": str(record.retries_used),
-            "in_flight": str(record.in_flight),
-            "first": _num(record.first_seen_s),
-            "last": _num(record.last_seen_s),
-        }
+        fields: list[str | int] = [
+            "tenant", record.tenant, "done", record.steps_done, "max_step", record.max_step,
+            "tokens", record.tokens, "cost", _num(record.cost_usd),
+            "retries", record.retries_used, "in_flight", record.in_flight,
+            "first", _num(record.first_seen_s), "last", _num(record.last_seen_s),
+        ]  # fmt: skip
         if record.steps_expected is not None:
-            fields["expected"] = str(record.steps_expected)
-        async with self.client.pipeline(transaction=True) as pipe:
-            pipe.delete(key)
-            pipe.hset(key, mapping=fields)  # type: ignore[arg-type]
-            pipe.pexpire(key, max(1, int(ttl_s * 1000)))
-            await pipe.execute()
+            fields += ["expected", record.steps_expected]
+        ttl_ms = max(1, int(ttl_s * 1000))
+        await self.conn.transaction(
+            [("DEL", key), ("HSET", key, *fields), ("PEXPIRE", key, ttl_ms)]
+        )
 
     async def workflow_get(self, workflow_id: str, now: float) -> WorkflowRecord | None:
-        found = await self.client.hgetall(self.prefix + "wf:" + workflow_id)
-        return _record(workflow_id, found) if found else None
+        flat = await self.conn.execute("HGETALL", self.prefix + "wf:" + workflow_id)
+        return _record(workflow_id, dict(zip(flat[::2], flat[1::2], strict=True))) if flat else None
 
     async def workflow_end(self, workflow_id: str) -> bool:
-        return int(await self.client.delete(self.prefix + "wf:" + workflow_id)) > 0
+        return int(await self.conn.execute("DEL", self.prefix + "wf:" + workflow_id)) > 0
 
     # ---- ejections -----------------------------------------------------------------------
 
     async def eject(self, ejection: Ejection) -> None:
         args = [ejection.endpoint, _num(ejection.until_s), ejection.reason]
-        await self._eject(keys=[self.prefix + "ej"], args=args)
+        await self.conn.run_script(_EJECT_SCRIPT, [self.prefix + "ej"], args)
 
     async def ejections(self, now: float) -> Mapping[str, Ejection]:
-        flat = await self._ejections(keys=[self.prefix + "ej"], args=[_num(now)])
+        flat = await self.conn.run_script(_EJECTIONS_SCRIPT, [self.prefix + "ej"], [_num(now)])
         out: dict[str, Ejection] = {}
         for name, raw in zip(flat[::2], flat[1::2], strict=True):
             until, reason = orjson.loads(raw)
@@ -261,63 +250,74 @@ class RedisStore:
         if not keys:
             return
         zkey = self.prefix + "rt:" + endpoint
-        async with self.client.pipeline(transaction=False) as pipe:
-            pipe.zadd(zkey, {str(k): expires_at_s for k in keys}, gt=True)
-            pipe.zremrangebyrank(zkey, 0, -(self._max_route_keys + 1))
-            pipe.pexpireat(zkey, int(expires_at_s * 1000) + 1, gt=True)
-            pipe.pexpireat(zkey, int(expires_at_s * 1000) + 1, nx=True)
-            await pipe.execute()
+        score = _num(expires_at_s)
+        members: list[str | int] = []
+        for k in keys:
+            members += [score, k]
+        at_ms = int(expires_at_s * 1000) + 1
+        await self.conn.pipeline([
+            ("ZADD", zkey, "GT", *members),
+            ("ZREMRANGEBYRANK", zkey, 0, -(self._max_route_keys + 1)),
+            ("PEXPIREAT", zkey, at_ms, "GT"),
+            ("PEXPIREAT", zkey, at_ms, "NX"),
+        ])  # fmt: skip
 
     async def match_routes(
         self, keys: Sequence[int], endpoints: Sequence[str], now: float
     ) -> dict[str, int]:
-        if not keys:
+        if not keys or not endpoints:
             return dict.fromkeys(endpoints, 0)
-        members = [str(k) for k in keys]
-        async with self.client.pipeline(transaction=False) as pipe:
-            for name in endpoints:
-                pipe.zmscore(self.prefix + "rt:" + name, members)
-            scores: list[list[float | None]] = await pipe.execute()
-        return {n: match_length(s, now) for n, s in zip(endpoints, scores, strict=True)}
+        found = await self.conn.pipeline(
+            [("ZMSCORE", self.prefix + "rt:" + name, *keys) for name in endpoints]
+        )
+        return {
+            name: match_length([None if s is None else float(s) for s in scores], now)
+            for name, scores in zip(endpoints, found, strict=True)
+        }
 
     # ---- response cache ------------------------------------------------------------------
 
     async def cache_get(self, key: str, now: float) -> bytes | None:
-        found = await self.client.get(self.prefix + "c:" + key)
+        found = await self.conn.execute("GET", self.prefix + "c:" + key)
         return found if isinstance(found, bytes) else None
 
     async def cache_put(self, key: str, value: bytes, expires_at_s: float) -> None:
-        await self.client.set(self.prefix + "c:" + key, value, pxat=int(expires_at_s * 1000))
+        at_ms = int(expires_at_s * 1000)
+        await self.conn.execute("SET", self.prefix + "c:" + key, value, "PXAT", at_ms)
 
     # ---- lifecycle -----------------------------------------------------------------------
 
     async def ping(self) -> bool:
-        return bool(await self.client.ping())
+        return bool(await self.conn.execute("PING") == b"PONG")
 
     async def close(self) -> None:
-        await self.client.aclose()
+        await self.conn.close()
 
     async def clear(self) -> int:
         """Delete every key under this store's prefix (tests, ``inferplane`` tooling)."""
-        n = 0
-        async for key in self.client.scan_iter(match=self.prefix + "*", count=500):
-            n += int(await self.client.delete(key))
-        return n
+        n, cursor = 0, b"0"
+        while True:
+            cursor, keys = await self.conn.execute(
+                "SCAN", cursor, "MATCH", self.prefix + "*", "COUNT", 500
+            )
+            if keys:
+                n += int(await self.conn.execute("DEL", *keys))
+            if cursor == b"0":
+                return n
 
 
-def _record(workflow_id: str, raw: Mapping[Any, Any]) -> WorkflowRecord:
-    f = {(k.decode() if isinstance(k, bytes) else k): v for k, v in raw.items()}
-    expected = f.get("expected")
+def _record(workflow_id: str, f: Mapping[bytes, bytes]) -> WorkflowRecord:
+    expected = f.get(b"expected")
     return WorkflowRecord(
         workflow_id=workflow_id,
-        tenant=f["tenant"].decode(),
-        steps_done=int(f["done"]),
+        tenant=f[b"tenant"].decode(),
+        steps_done=int(f[b"done"]),
         steps_expected=None if expected is None else int(expected),
-        max_step=int(f["max_step"]),
-        tokens=int(f["tokens"]),
-        cost_usd=float(f["cost"]),
-        retries_used=int(f["retries"]),
-        in_flight=int(f["in_flight"]),
-        first_seen_s=float(f["first"]),
-        last_seen_s=float(f["last"]),
+        max_step=int(f[b"max_step"]),
+        tokens=int(f[b"tokens"]),
+        cost_usd=float(f[b"cost"]),
+        retries_used=int(f[b"retries"]),
+        in_flight=int(f[b"in_flight"]),
+        first_seen_s=float(f[b"first"]),
+        last_seen_s=float(f[b"last"]),
     )

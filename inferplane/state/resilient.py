@@ -33,8 +33,6 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from redis.exceptions import RedisError
-
 from inferplane.core.state import (
     BucketSpec,
     BucketTake,
@@ -46,12 +44,13 @@ from inferplane.core.state import (
 )
 from inferplane.core.workflows import WorkflowRecord
 from inferplane.state.memory import MemoryStore
+from inferplane.state.resp import ReplyError
 
 __all__ = ["ResilientStore", "StateStats"]
 
 T = TypeVar("T")
 ModeListener = Callable[[StoreMode, StoreMode, str], None]
-_FAILURES: tuple[type[BaseException], ...] = (RedisError, OSError, TimeoutError)
+_FAILURES: tuple[type[BaseException], ...] = (ReplyError, OSError, TimeoutError)
 
 
 class _Unavailable(Exception):

@@ -159,9 +159,9 @@ async def test_two_clients_share_one_workflow_ledger(redis_store: RedisStore) ->
 async def test_idle_buckets_and_workflows_expire_in_redis(redis_store: RedisStore) -> None:
     spec = BucketSpec("fast", 2.0, 100.0)  # full again after 20 ms: kept ~1 s
     await redis_store.take([BucketTake(spec, 1)], time.time())
-    ttl_ms = await redis_store.client.pttl(redis_store.prefix + "b:fast")
+    ttl_ms = await redis_store.conn.execute("PTTL", redis_store.prefix + "b:fast")
     assert 0 < ttl_ms <= 1100
     await redis_store.workflow_update("w", WorkflowDelta("t"), time.time(), 30.0)
-    wf_ttl = await redis_store.client.pttl(redis_store.prefix + "wf:w")
+    wf_ttl = await redis_store.conn.execute("PTTL", redis_store.prefix + "wf:w")
     assert 25_000 < wf_ttl <= 30_000
     assert json.dumps(await redis_store.clear()) in {"2"}
