@@ -37,7 +37,7 @@ simulator (``--scan``). Writes bench/results/overload-live.json; runs with the s
 duration, time scale and seed are merged into it (one load or policy per invocation fits
 the bench lock's few minutes).
 
-    python bench/overload_live.py [--duration-s 150] [--time-scale 2] [--loads 2,5,1]
+    python bench/overload_live.py [--duration-s 300] [--time-scale 1] [--loads 2,5,1]
     python bench/overload_live.py --scan 2,3,4,5 --duration-s 120   # simulator, FCFS knee
 """
 
@@ -367,8 +367,8 @@ def _load_doc(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--duration-s", type=float, default=150.0)
-    parser.add_argument("--time-scale", type=float, default=2.0)
+    parser.add_argument("--duration-s", type=float, default=300.0)
+    parser.add_argument("--time-scale", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=3)
     parser.add_argument("--loads", default="1,2,5")
     parser.add_argument("--policies", default=",".join(overload.POLICIES))
