@@ -160,7 +160,10 @@ class SharedLedger:
             items = list(by_workflow.items())
             for i in range(0, len(items), _PARALLEL_WORKFLOWS):
                 batch = items[i : i + _PARALLEL_WORKFLOWS]
-                await asyncio.gather(*(self._send(wid, deltas) for wid, deltas in batch))
+                if len(batch) == 1:  # the common case: no task to spawn
+                    await self._send(*batch[0])
+                else:
+                    await asyncio.gather(*(self._send(wid, deltas) for wid, deltas in batch))
 
     async def _send(self, workflow_id: str, deltas: list[WorkflowDelta]) -> None:
         record: WorkflowRecord | None = None

@@ -21,6 +21,8 @@ from inferplane.core.state import BucketSpec, BucketTake, StateStore
 
 __all__ = ["SharedQuotas"]
 
+_MAX_SCOPES = 10_000  # cached bucket sets (past that the cache starts over)
+
 
 @dataclass(frozen=True, slots=True)
 class _Owner:
@@ -38,6 +40,8 @@ class SharedQuotas:
     def __init__(self, store: StateStore, config: QuotasConfig | None = None) -> None:
         self.store = store
         self.config = config or QuotasConfig()
+        # (tenant, key) -> its buckets: built once per scope, not on every call
+        self._buckets: dict[tuple[str, str | None], list[tuple[BucketSpec, _Owner, bool]]] = {}
 
     def reserve_tokens(self, num_prompt_tokens: int, max_tokens: int) -> int:
         """Tokens reserved at admission (as ``QuotaBook.reserve_tokens``)."""
@@ -72,6 +76,17 @@ class SharedQuotas:
     def _takes(
         self, tenant: str, key: str | None, num_tokens: int
     ) -> tuple[list[BucketTake], list[_Owner]]:
+        buckets = self._buckets.get((tenant, key))
+        if buckets is None:
+            if len(self._buckets) >= _MAX_SCOPES:
+                self._buckets.clear()
+            buckets = self._buckets[(tenant, key)] = self._scope_buckets(tenant, key)
+        takes = [BucketTake(spec, float(num_tokens) if per_token else 1.0)
+                 for spec, _, per_token in buckets]  # fmt: skip
+        return takes, [owner for _, owner, _ in buckets]
+
+    def _scope_buckets(self, tenant: str, key: str | None) -> list[tuple[BucketSpec, _Owner, bool]]:
+        """The buckets of a tenant and key, with who owns each and whether it counts tokens."""
         scopes: list[tuple[str, str, QuotaLimits]] = []
         tenant_limits = self.config.tenants.get(tenant, self.config.default_tenant)
         if tenant_limits is not None:
@@ -79,16 +94,15 @@ class SharedQuotas:
         key_limits = None if key is None else self.config.keys.get(key)
         if key is not None and key_limits is not None:
             scopes.append(("key", key, key_limits))
-        takes: list[BucketTake] = []
-        owners: list[_Owner] = []
+        out: list[tuple[BucketSpec, _Owner, bool]] = []
         for scope, name, limits in scopes:
-            for quota, per_min, amount in (
-                (QuotaKind.REQUESTS_PER_MIN, limits.requests_per_min, 1.0),
-                (QuotaKind.TOKENS_PER_MIN, limits.tokens_per_min, float(num_tokens)),
+            for quota, per_min in (
+                (QuotaKind.REQUESTS_PER_MIN, limits.requests_per_min),
+                (QuotaKind.TOKENS_PER_MIN, limits.tokens_per_min),
             ):
                 if per_min is None:
                     continue
                 spec = BucketSpec(f"q:{scope}:{name}:{quota.value}", per_min, per_min / 60.0)
-                takes.append(BucketTake(spec, amount))
-                owners.append(_Owner(scope, name, quota, per_min))
-        return takes, owners
+                per_token = quota is QuotaKind.TOKENS_PER_MIN
+                out.append((spec, _Owner(scope, name, quota, per_min), per_token))
+        return out

@@ -97,8 +97,12 @@ if tonumber(ARGV[8]) > 0 then redis.call('HINCRBYFLOAT', k, 'cost', ARGV[8]) end
 if tonumber(ARGV[9]) > 0 then redis.call('HINCRBY', k, 'done', ARGV[9]) end
 if now > tonumber(redis.call('HGET', k, 'last')) then redis.call('HSET', k, 'last', ARGV[1]) end
 redis.call('PEXPIRE', k, ARGV[2])
-return redis.call('HGETALL', k)
+return redis.call('HMGET', k, 'tenant', 'done', 'expected', 'max_step', 'tokens', 'cost',
+                  'retries', 'in_flight', 'first', 'last')
 """
+# the record's fields in the order of the HMGET above (the update script's reply)
+_FIELDS = ("tenant", "done", "expected", "max_step", "tokens", "cost", "retries", "in_flight",
+           "first", "last")  # fmt: skip
 
 _EJECT = """
 local old = redis.call('HGET', KEYS[1], ARGV[1])
@@ -204,8 +208,7 @@ class RedisStore:
             delta.steps_done,
         ]
         key = self.prefix + "wf:" + workflow_id
-        flat = await self.conn.run_script(_WORKFLOW_SCRIPT, [key], args)
-        return _record(workflow_id, dict(zip(flat[::2], flat[1::2], strict=True)))
+        return _record(workflow_id, await self.conn.run_script(_WORKFLOW_SCRIPT, [key], args))
 
     async def workflow_put(self, record: WorkflowRecord, ttl_s: float) -> None:
         key = self.prefix + "wf:" + record.workflow_id
@@ -223,8 +226,8 @@ class RedisStore:
         )
 
     async def workflow_get(self, workflow_id: str, now: float) -> WorkflowRecord | None:
-        flat = await self.conn.execute("HGETALL", self.prefix + "wf:" + workflow_id)
-        return _record(workflow_id, dict(zip(flat[::2], flat[1::2], strict=True))) if flat else None
+        found = await self.conn.execute("HMGET", self.prefix + "wf:" + workflow_id, *_FIELDS)
+        return None if found[0] is None else _record(workflow_id, found)
 
     async def workflow_end(self, workflow_id: str) -> bool:
         return int(await self.conn.execute("DEL", self.prefix + "wf:" + workflow_id)) > 0
@@ -306,18 +309,27 @@ class RedisStore:
                 return n
 
 
-def _record(workflow_id: str, f: Mapping[bytes, bytes]) -> WorkflowRecord:
-    expected = f.get(b"expected")
+def _record(workflow_id: str, values: Sequence[bytes | None]) -> WorkflowRecord:
+    """A record from its fields' values in ``_FIELDS`` order (only ``expected`` may lack)."""
+    f = dict(zip(_FIELDS, values, strict=True))
+
+    def get(name: str) -> bytes:
+        value = f[name]
+        if value is None:
+            raise ValueError(f"workflow record {workflow_id!r} in Redis lacks {name!r}")
+        return value
+
+    expected = f["expected"]
     return WorkflowRecord(
         workflow_id=workflow_id,
-        tenant=f[b"tenant"].decode(),
-        steps_done=int(f[b"done"]),
+        tenant=get("tenant").decode(),
+        steps_done=int(get("done")),
         steps_expected=None if expected is None else int(expected),
-        max_step=int(f[b"max_step"]),
-        tokens=int(f[b"tokens"]),
-        cost_usd=float(f[b"cost"]),
-        retries_used=int(f[b"retries"]),
-        in_flight=int(f[b"in_flight"]),
-        first_seen_s=float(f[b"first"]),
-        last_seen_s=float(f[b"last"]),
+        max_step=int(get("max_step")),
+        tokens=int(get("tokens")),
+        cost_usd=float(get("cost")),
+        retries_used=int(get("retries")),
+        in_flight=int(get("in_flight")),
+        first_seen_s=float(get("first")),
+        last_seen_s=float(get("last")),
     )

@@ -51,16 +51,19 @@ def pack_command(args: Sequence[Arg]) -> bytes:
     """One command in RESP: an array of bulk strings (floats as ``repr``, exact)."""
     out = [b"*%d\r\n" % len(args)]
     for a in args:
-        if isinstance(a, bytes):
-            b = a
-        elif isinstance(a, str):
-            b = a.encode()
-        elif isinstance(a, float):
-            b = repr(a).encode()
-        else:
-            b = b"%d" % a
+        b = a.encode() if type(a) is str else a if type(a) is bytes else _encode(a)
         out.append(b"$%d\r\n%s\r\n" % (len(b), b))
     return b"".join(out)
+
+
+def _encode(a: Arg) -> bytes:
+    if isinstance(a, bytes):
+        return a
+    if isinstance(a, str):
+        return a.encode()
+    if isinstance(a, float):
+        return repr(a).encode()
+    return b"%d" % a
 
 
 def parse_reply(buf: bytes, pos: int) -> tuple[Any, int]:
@@ -87,9 +90,25 @@ def parse_reply(buf: bytes, pos: int) -> tuple[Any, int]:
             return None, end + 2
         items: list[Any] = []
         pos = end + 2
-        for _ in range(n):
-            item, pos = parse_reply(buf, pos)
-            items.append(item)
+        size = len(buf)
+        for _ in range(n):  # bulk strings inline (most replies), the rest recursively
+            if pos < size and buf[pos] == 36:
+                end = buf.find(b"\r\n", pos)
+                if end < 0:
+                    raise _INCOMPLETE
+                length = int(buf[pos + 1 : end])
+                if length < 0:
+                    items.append(None)
+                    pos = end + 2
+                    continue
+                pos = end + 2 + length
+                if size < pos + 2:
+                    raise _INCOMPLETE
+                items.append(buf[end + 2 : pos])
+                pos += 2
+            else:
+                item, pos = parse_reply(buf, pos)
+                items.append(item)
         return items, pos
     if kind == 43:  # + simple string
         return buf[pos + 1 : end], end + 2
@@ -260,7 +279,8 @@ class RespClient:
         if pending and (now - pending[0][1] > self.stale_s or len(pending) >= self.max_pending):
             conn.abort("Redis is not answering (replies overdue)")
             raise ConnectionError("Redis is not answering (replies overdue)")
-        assert conn.transport is not None
+        if conn.transport is None:
+            raise ConnectionError("connection to Redis lost")
         futs = [loop.create_future() for _ in range(n)]
         pending.extend((f, now) for f in futs)
         conn.transport.write(data)
@@ -269,15 +289,13 @@ class RespClient:
     # ---- connection ----------------------------------------------------------------------
 
     async def _connect(self) -> _Connection:
-        """The live connection, opening it if needed (concurrent callers share one try)."""
-        if self._connecting is None:
-            self._connecting = asyncio.ensure_future(self._open())
+        """The live connection, opening it if needed. Concurrent callers share one try,
+        which goes on (bounded by ``connect_timeout_s``) when a caller gives up first."""
         connecting = self._connecting
-        try:
-            return await asyncio.shield(connecting)
-        finally:
-            if connecting.done() and self._connecting is connecting:
-                self._connecting = None
+        if connecting is None or connecting.done():
+            connecting = self._connecting = asyncio.ensure_future(self._open())
+            connecting.add_done_callback(_retrieve)
+        return await asyncio.shield(connecting)
 
     async def _open(self) -> _Connection:
         loop, a = asyncio.get_running_loop(), self.address
@@ -299,6 +317,8 @@ class RespClient:
                 conn.abort("handshake failed")
             why = "timed out" if isinstance(exc, TimeoutError) else str(exc)
             raise ConnectionError(f"cannot connect to Redis at {where}: {why}") from None
+        if conn.transport is None:  # lost during the handshake
+            raise ConnectionError(f"connection to Redis at {where} lost")
         self._conn = conn
         self.connects += 1
         return conn
@@ -315,6 +335,12 @@ class RespClient:
         conn, self._conn = self._conn, None
         if conn is not None and conn.transport is not None:
             conn.transport.close()
+
+
+def _retrieve(fut: asyncio.Future[_Connection]) -> None:
+    """Mark a failed connection attempt's error as seen (its callers may have left)."""
+    if not fut.cancelled():
+        fut.exception()
 
 
 def _handshake(a: Address) -> tuple[bytes, int]:
