@@ -12,6 +12,11 @@ normalisation) from the model's own ``model.safetensors``, with:
   accumulation stay float32, so vectors match the float32 model to ~1e-4 in cosine (checked
   in tests). Plain float32 where fbgemm is missing (e.g. ARM builds); int8 only on request
   (:class:`Precision`);
+- on CPUs with native bfloat16 dot products (AVX512-BF16, AMX), the option of bfloat16 matrix
+  products through oneDNN with packed weights and the feed-forward GELU fused into its product
+  (``Precision.BF16``): about 1.3x faster again; inputs are rounded to bfloat16 at each
+  product, accumulation, norms, softmax and residuals stay float32 (~3e-5 in cosine from
+  float32, the FAQ hit and false-hit tables unchanged, ``bench/cache.py``);
 - the query, key and value projections fused into one product per layer;
 - no token-type lookup (always type 0: its row is folded into the position table), no pooler,
   no dropout, and no attention mask at all when no token is padding;
@@ -73,16 +78,19 @@ class _Layer(nn.Module):
         super().__init__()
         self.heads, self.head_dim, self.hidden = NUM_HEADS, HIDDEN // NUM_HEADS, HIDDEN
         a = f"{prefix}attention."
-        self.qkv = _dense(
+        self.qkv: nn.Module = _dense(
             torch.cat([w[f"{a}self.{n}.weight"] for n in ("query", "key", "value")]),
             torch.cat([w[f"{a}self.{n}.bias"] for n in ("query", "key", "value")]),
         )
-        self.out = _dense(w[f"{a}output.dense.weight"], w[f"{a}output.dense.bias"])
+        self.out: nn.Module = _dense(w[f"{a}output.dense.weight"], w[f"{a}output.dense.bias"])
         self.ln1 = nn.LayerNorm(HIDDEN, eps=LAYER_NORM_EPS)
-        self.ffn_in = _dense(
+        self.ffn_in: nn.Module = _dense(
             w[f"{prefix}intermediate.dense.weight"], w[f"{prefix}intermediate.dense.bias"]
         )
-        self.ffn_out = _dense(w[f"{prefix}output.dense.weight"], w[f"{prefix}output.dense.bias"])
+        self.act: nn.Module = nn.GELU()  # an identity once fused into ffn_in (bfloat16)
+        self.ffn_out: nn.Module = _dense(
+            w[f"{prefix}output.dense.weight"], w[f"{prefix}output.dense.bias"]
+        )
         self.ln2 = nn.LayerNorm(HIDDEN, eps=LAYER_NORM_EPS)
         with torch.no_grad():
             norms = ((self.ln1, f"{a}output.LayerNorm"), (self.ln2, f"{prefix}output.LayerNorm"))
@@ -98,7 +106,7 @@ class _Layer(nn.Module):
         context = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], attn_mask=mask)
         merged = context.transpose(1, 2).reshape(batch * tokens, self.hidden)
         x = self.ln1(x + self.out(merged))
-        out: torch.Tensor = self.ln2(x + self.ffn_out(F.gelu(self.ffn_in(x))))
+        out: torch.Tensor = self.ln2(x + self.ffn_out(self.act(self.ffn_in(x))))
         return out
 
 
@@ -151,12 +159,70 @@ class Precision(enum.Enum):
     #: again, but similarities move by ~0.02 on average (0.1 at worst) from the reference,
     #: so thresholds tuned on the float model no longer mean the same. Measure before use.
     INT8 = "int8"
+    #: bfloat16 products through oneDNN (CPUs with AVX512-BF16 or AMX; see the module doc).
+    BF16 = "bf16"
+
+
+def bf16_gemm_available() -> bool:
+    """Whether oneDNN runs bfloat16 products natively here (AVX512-BF16 or AMX)."""
+    try:
+        if not torch.backends.mkldnn.is_available():  # type: ignore[no-untyped-call]
+            return False
+        if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+            return False
+        x = torch.zeros(2, 4, dtype=torch.bfloat16)
+        packed = torch.ops.mkldnn._reorder_linear_weight(torch.zeros(3, 4, dtype=torch.bfloat16))
+        torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+    except (RuntimeError, AttributeError):
+        return False
+    return True
+
+
+class _Bf16Linear(nn.Module):
+    """A Linear as one oneDNN bfloat16 product (weights packed once), optionally + GELU.
+
+    Takes float32 or bfloat16 rows; returns float32, or bfloat16 when ``bf16_out`` (for a
+    product whose only reader is another bfloat16 product).
+    """
+
+    __constants__: ClassVar[list[str]] = ["attr", "bf16_out"]
+
+    def __init__(self, linear: nn.Module, gelu: bool = False, bf16_out: bool = False) -> None:
+        super().__init__()
+        assert isinstance(linear, nn.Linear)
+        weight = linear.weight.detach().to(torch.bfloat16)
+        self.weight = nn.Parameter(
+            torch.ops.mkldnn._reorder_linear_weight(weight), requires_grad=False
+        )
+        self.bias = nn.Parameter(linear.bias.detach().to(torch.bfloat16), requires_grad=False)
+        self.attr = "gelu" if gelu else "none"
+        self.bf16_out = bf16_out
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
+            x.to(torch.bfloat16), self.weight, self.bias, self.attr, [], "none"
+        )
+        return y if self.bf16_out else y.float()
+
+
+def _bf16(module: MiniLmModule) -> MiniLmModule:
+    """``module`` with every Linear a packed bfloat16 product, the GELU fused into ffn_in."""
+    for layer in module.layers:
+        assert isinstance(layer, _Layer)
+        layer.qkv = _Bf16Linear(layer.qkv)
+        layer.out = _Bf16Linear(layer.out)
+        layer.ffn_in = _Bf16Linear(layer.ffn_in, gelu=True, bf16_out=True)
+        layer.act = nn.Identity()
+        layer.ffn_out = _Bf16Linear(layer.ffn_out)
+    return module
 
 
 def _quantised(module: MiniLmModule, precision: Precision) -> nn.Module:
     """``module`` with its Linear layers swapped for torch's dynamic-quantised ones."""
     if precision is Precision.FP32:
         return module
+    if precision is Precision.BF16:
+        return _bf16(module)
     with warnings.catch_warnings():  # torch.ao.quantization warns that torchao is its future
         warnings.simplefilter("ignore")
         from torch.ao.quantization import (

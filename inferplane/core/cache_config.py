@@ -10,6 +10,7 @@ as in the rest of the configuration tree. Mounted as ``cache: CacheConfig = Cach
 from __future__ import annotations
 
 import enum
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -71,6 +72,11 @@ class CacheConfig(_Frozen):
     semantic_memo_entries: int = Field(default=4096, ge=0)
     semantic_max_batch: int = Field(default=32, ge=1)
     semantic_batch_window_s: float = Field(default=0.0, ge=0.0, le=0.1)
+    #: How the embedding model multiplies: None picks fp16-packed weights where the CPU has
+    #: them (float32 otherwise); "bf16" is ~1.2x faster on CPUs with native bfloat16
+    #: (similarities move by up to ~3e-3, FAQ tables unchanged); "int8" is lossy (~0.02):
+    #: re-tune thresholds first. See ``inferplane.cache.minilm``.
+    semantic_precision: Literal["fp32", "fp16-weights", "bf16", "int8"] | None = None
     default: CacheRouteConfig = CacheRouteConfig()
     routes: dict[str, CacheRouteConfig] = Field(default_factory=dict)
 

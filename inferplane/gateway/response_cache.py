@@ -12,12 +12,15 @@ through a :class:`StreamCapture` the proxy feeds with every chunk it writes (:me
 :meth:`store_stream`). Responses say how they were served in ``X-Inferplane-Cache``
 (``hit-exact``, ``hit-semantic``, ``miss``, ``bypass``) and, for a semantic hit, the cosine
 similarity in ``X-Inferplane-Cache-Similarity``. Embedding runs in a worker thread,
-concurrent requests batched and recent texts remembered (:mod:`inferplane.cache.batcher`).
+concurrent requests batched and recent texts remembered (:mod:`inferplane.cache.batcher`); the
+nearest-neighbour scan of the tenant's index runs in that same worker right after its
+embedding (one hop, and the event loop never blocks on the scan), and its best row is turned
+into a key back on the loop, re-checked if the index changed meanwhile
+(:meth:`SemanticIndex.resolve`).
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -41,7 +44,7 @@ from inferplane.core.cache import (
     sha256_hex,
 )
 from inferplane.core.cache_config import CacheBackendKind, CacheConfig
-from inferplane.core.semantic_index import SemanticIndex, Vector
+from inferplane.core.semantic_index import Neighbour, ScanHit, SemanticIndex, Vector
 from inferplane.gateway.context import RequestContext
 
 CACHE_HEADER = "X-Inferplane-Cache"
@@ -145,23 +148,28 @@ class ResponseCache:
         backend: CacheBackend | None = None,
         embedder: Embedder | None = None,
         hasher: Hasher = sha256_hex,
+        scan_in_worker: bool = True,
     ) -> None:
+        """``scan_in_worker`` False scans the index on the event loop after the embedding
+        returns (the earlier design, kept for ``bench/cache.py`` to compare)."""
         self.config = config
+        self.scan_in_worker = scan_in_worker
         self._clock = clock
         self.backend = backend if backend is not None else build_backend(config, clock)
         self._embedder = embedder
-        self._batcher: EmbeddingBatcher | None = None
+        self._batcher: EmbeddingBatcher[ScanHit | None] | None = None
         self._hasher = hasher
         self._index: SemanticIndex | None = None
         self.ledger = CacheLedger()
 
     # ---- semantic machinery (lazy) ---------------------------------------------------------
 
-    def _semantic(self) -> tuple[EmbeddingBatcher, SemanticIndex]:
+    def _semantic(self) -> tuple[EmbeddingBatcher[ScanHit | None], SemanticIndex]:
         if self._embedder is None:
             # One torch thread: on a busy gateway host, threaded inference fights the event
             # loop and other embeddings (measured 6x slower per sentence at 2 threads, 2 cores).
-            self._embedder = MiniLmEmbedder(num_threads=1)
+            precision = self.config.semantic_precision
+            self._embedder = MiniLmEmbedder(num_threads=1, precision=precision)
         if self._batcher is None:
             self._batcher = EmbeddingBatcher(
                 self._embedder,
@@ -181,11 +189,7 @@ class ResponseCache:
         """Load the embedding model now when some route uses semantic caching."""
         if self.config.any_semantic:
             batcher, _ = self._semantic()
-            await asyncio.to_thread(batcher.embedder.embed, ["warm up"])
-
-    async def _embed(self, text: str, tenant: str) -> Vector:
-        batcher, _ = self._semantic()
-        return await batcher.embed(text, scope=tenant)
+            await batcher.warm()
 
     def semantic_index(self) -> SemanticIndex:
         """The per-tenant index of embedded questions (created on first use)."""
@@ -225,15 +229,27 @@ class ResponseCache:
                 found.reason = "key_collision"  # another identity under this key: not served
         query, _ = semantic_query(route, ctx.tenant, ctx.model, ctx.path, body, self._hasher)
         if query is not None:
-            found.query, found.vector = query, await self._embed(query.text, ctx.tenant)
-            if allowed.read:
-                await self._semantic_lookup(found, route.semantic.threshold)
+            found.query = query
+            await self._semantic_lookup(found, allowed.read, route.semantic.threshold)
         return self._counted(found)
 
-    async def _semantic_lookup(self, found: CacheLookup, threshold: float) -> None:
-        assert found.query is not None and found.vector is not None
-        _, index = self._semantic()
-        near = index.nearest(found.tenant, found.query.context_hash, found.vector, threshold)
+    async def _semantic_lookup(self, found: CacheLookup, read: bool, threshold: float) -> None:
+        """Embed the turn and (when reading) find its nearest cached question."""
+        assert found.query is not None
+        batcher, index = self._semantic()
+        view = index.view(found.tenant, found.query.context_hash) if read else None
+        if view is None or not self.scan_in_worker:
+            found.vector = await batcher.embed(found.query.text, found.tenant)
+            if read:
+                near = index.nearest(
+                    found.tenant, found.query.context_hash, found.vector, threshold
+                )
+                await self._serve_neighbour(found, near)
+            return
+        found.vector, hit = await batcher.embed_then(found.query.text, found.tenant, view.scan)
+        await self._serve_neighbour(found, index.resolve(view, hit, found.vector, threshold))
+
+    async def _serve_neighbour(self, found: CacheLookup, near: Neighbour | None) -> None:
         if near is None:
             return
         entry = await self.backend.get(near.key)
@@ -332,4 +348,6 @@ class ResponseCache:
         }
 
     async def close(self) -> None:
+        if self._batcher is not None:
+            self._batcher.close()
         await self.backend.close()

@@ -137,3 +137,44 @@ async def test_a_window_gathers_requests_before_the_first_batch() -> None:
     second = asyncio.create_task(batcher.embed("b"))
     await asyncio.gather(first, second)
     assert model.calls == [["a", "b"]]
+
+
+async def test_then_runs_in_the_worker_after_the_embedding_and_inline_on_a_memo_hit() -> None:
+    model = GatedEmbedder()
+    batcher: EmbeddingBatcher[tuple[str, float]] = EmbeddingBatcher(model)
+    seen: list[np.ndarray] = []
+
+    def then(vector: np.ndarray) -> tuple[str, float]:
+        seen.append(vector)
+        return threading.current_thread().name, float(vector[0])
+
+    vector, after = await batcher.embed_then("q", "acme", then)
+    assert np.array_equal(vector, vector_of("q")) and np.array_equal(seen[0], vector)
+    assert after is not None and after[0].startswith("embedding") and after[1] == vector[0]
+    again, after = await batcher.embed_then("q", "acme", then)  # memo: no hop, no model
+    assert again is vector and len(model.calls) == 1
+    assert after == (threading.current_thread().name, float(vector[0]))
+    plain, nothing = await batcher.embed_then("r", "acme", None)
+    assert nothing is None and np.array_equal(plain, vector_of("r"))
+    batcher.close()
+
+
+async def test_a_failing_then_reaches_only_its_caller() -> None:
+    model = GatedEmbedder(hold_first=True)
+    batcher: EmbeddingBatcher[float] = EmbeddingBatcher(model)
+    first = asyncio.create_task(batcher.embed("first"))
+    await wait_entered(model)
+
+    def broken(_vector: np.ndarray) -> float:
+        raise KeyError("scan broke")
+
+    bad = asyncio.create_task(batcher.embed_then("a", "", broken))
+    good = asyncio.create_task(batcher.embed_then("b", "", lambda v: float(v.sum())))
+    await asyncio.sleep(0)
+    model.release.set()
+    await first
+    with pytest.raises(KeyError):
+        await bad
+    vector, total = await good
+    assert model.calls[1] == ["a", "b"] and total == pytest.approx(float(vector.sum()))
+    assert np.array_equal(await batcher.embed("a"), vector_of("a"))  # its vector was kept

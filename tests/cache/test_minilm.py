@@ -13,7 +13,7 @@ import pytest
 
 from inferplane.cache.embedder import MINILM_DIM, MiniLmEmbedder
 from inferplane.cache.embedder_reference import ReferenceMiniLmEmbedder
-from inferplane.cache.minilm import fp16_gemm_available
+from inferplane.cache.minilm import bf16_gemm_available, fp16_gemm_available
 
 pytestmark = pytest.mark.slow
 
@@ -81,3 +81,18 @@ def test_float32_eager_fallback_matches_the_reference(reference: ReferenceMiniLm
     got, want = plain.embed(TEXTS), reference.embed(TEXTS)
     assert np.allclose(got, want, atol=1e-5)
     assert plain.embed([]).shape == (0, MINILM_DIM)
+
+
+@pytest.mark.skipif(not bf16_gemm_available(), reason="no native bfloat16 products on this CPU")
+def test_bfloat16_products_stay_close_to_the_reference(reference: ReferenceMiniLmEmbedder) -> None:
+    """bf16 rounds each product's inputs: looser than fp16 weights, still far below the
+    thresholds' resolution (bench/cache.py shows the FAQ tables unchanged)."""
+    bf16 = MiniLmEmbedder(num_threads=1, precision="bf16")
+    bf16.load()
+    assert "bf16, torchscript" in bf16.description
+    texts = [*TEXTS, LONG]
+    got, want = one_by_one(bf16, texts), one_by_one(reference, texts)
+    assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+    assert float((got * want).sum(axis=1).min()) > 0.9995
+    assert float(np.abs(got @ got.T - want @ want.T).max()) < 1e-2
+    assert np.allclose(bf16.embed(texts), got, atol=5e-3)  # padded batch vs one at a time

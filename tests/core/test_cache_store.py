@@ -122,3 +122,65 @@ def test_cache_model_uses_policy_and_bounds():
     assert model.lookup(paraphrase, 11.0, rng) is CacheStatus.MISS  # ttl over
     saved = model.ledger.totals()
     assert saved.hits_exact == 1 and saved.hits_semantic == 1 and saved.gpu_seconds == 0.5
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10_000), rows=st.integers(1, 40), threshold=st.floats(-1.0, 1.0))
+def test_a_scan_of_a_view_finds_what_nearest_finds(seed: int, rows: int, threshold: float):
+    rng = np.random.default_rng(seed)
+    index = SemanticIndex(dim=8, max_rows_per_tenant=64, max_rows=640)
+    contexts = ["1" * 64, "2" * 64]
+    for i in range(rows):
+        index.add("t", contexts[i % 2], unit(rng), f"k{i}")
+    index.add("other", contexts[0], unit(rng), "other-key")
+    probe = unit(rng)
+    for ctx in contexts:
+        view = index.view("t", ctx)
+        assert view is not None and view.tenant == "t"
+        hit = view.scan(probe)
+        want = index.nearest("t", ctx, probe, threshold)
+        got = index.resolve(view, hit, probe, threshold)
+        assert (got is None) == (want is None)
+        if got is not None and want is not None:
+            assert got.key == want.key and got.similarity == pytest.approx(want.similarity)
+        if hit is not None:
+            assert hit.row % 2 == contexts.index(ctx)  # only rows of the view's context
+    assert index.view("nobody", contexts[0]) is None
+
+
+def test_resolve_rechecks_a_row_replaced_after_the_view():
+    """A scan runs elsewhere while the owner adds rows: its row must be judged as it is now."""
+    rng = np.random.default_rng(3)
+    index = SemanticIndex(dim=8, max_rows_per_tenant=2, max_rows=10)
+    ctx, other_ctx = "1" * 64, "2" * 64
+    v = unit(rng)
+    index.add("t", ctx, v, "k1")
+    index.add("t", ctx, unit(rng), "k2")
+    view = index.view("t", ctx)
+    assert view is not None
+    hit = view.scan(v)
+    assert hit is not None and hit.row == 0 and hit.similarity > 0.999
+    index.add("t", ctx, -v, "k3")  # ring: row 0 now holds an opposite vector under k3
+    assert index.resolve(view, hit, v, threshold=0.5) is None
+    index.add("t", ctx, unit(rng), "k4")  # row 1
+    index.add("t", other_ctx, v, "k5")  # row 0 again: the vector matches, the context not
+    assert index.resolve(view, hit, v, threshold=0.5) is None
+    index.add("t", ctx, unit(rng), "k6")  # row 1
+    index.add("t", ctx, v, "k7")  # row 0: same vector, same context, another key
+    near = index.resolve(view, hit, v, threshold=0.5)
+    assert near is not None and near.key == "k7" and near.similarity > 0.999
+
+
+def test_resolve_never_trusts_a_view_of_a_tenant_that_was_dropped_and_came_back():
+    rng = np.random.default_rng(4)
+    index = SemanticIndex(dim=8, max_rows_per_tenant=4, max_rows=4)
+    ctx, v = "1" * 64, unit(rng)
+    index.add("t", ctx, v, "old")
+    view = index.view("t", ctx)
+    assert view is not None
+    hit = view.scan(v)
+    for i in range(4):
+        index.add("u", ctx, unit(rng), f"u{i}")  # t (least recent) is dropped
+    assert index.rows_of("t") == 0 and index.resolve(view, hit, v, threshold=-1.0) is None
+    index.add("t", ctx, -v, "new")  # t again, one add: its row 0 holds another vector
+    assert index.resolve(view, hit, v, threshold=0.5) is None

@@ -247,6 +247,29 @@ async def test_semantic_hit_for_a_paraphrase_within_the_tenant_only() -> None:
     assert eng.completed == 4 and orjson.loads(raw)["choices"]
 
 
+async def test_scanning_in_the_embedding_worker_serves_what_a_scan_on_the_loop_serves() -> None:
+    route = CacheRouteConfig(semantic=SemanticRouteConfig(enabled=True, threshold=0.6))
+    config = CacheConfig(default=route, semantic_memo_entries=0, semantic_max_entries_per_tenant=3)
+    caches = [new_cache(config, embedder=WordsEmbedder(), scan_in_worker=w) for w in (True, False)]
+    asks = [("a", "reset my password"), ("a", "reset my password please"),
+            ("b", "reset my password please"), ("a", "refund policy"),
+            ("a", "the refund policy"), ("a", "shipping to mars"), ("a", "my password reset"),
+            ("b", "reset password")]  # fmt: skip
+    outcomes: list[list[tuple[str, bytes | None, float | None]]] = [[], []]
+    for cache, out in zip(caches, outcomes, strict=True):
+        for tenant, text in asks:
+            req = body(text, temperature=0)
+            found = await cache.lookup(context(tenant, CHAT, req), req, {})
+            if found.entry is None:
+                await cache.store_json(found, orjson.dumps({"q": text, "t": tenant}))
+            got = None if found.entry is None else found.entry.payload
+            similarity = None if found.similarity is None else round(found.similarity, 5)
+            out.append((found.status.value, got, similarity))
+        await cache.close()
+    assert outcomes[0] == outcomes[1]
+    assert [o[0] for o in outcomes[0]].count("hit-semantic") >= 2
+
+
 def test_stream_capture_stores_only_clean_bounded_streams() -> None:
     clean = StreamCapture(max_bytes=1000)
     for part in (b'data: {"a":1}\n', b"\n: comment\n\ndata: {", b'"b":2}\n\ndata: [DONE]\n\n'):
