@@ -148,7 +148,8 @@ class Admission:
         cap = self._capacity(
             call.model, uncached, pool, self.predictor, self.config, now, call.priority
         )
-        decision = self._decide(call, cap, now, size_bytes)
+        decoding = self._decode_held(call.priority, call.model, pool, now)
+        decision = self._decide(call, cap, now, size_bytes, decoding)
         if isinstance(decision, Reject):
             self.quotas.release(call.request_id, now, num_tokens=0)
         else:
@@ -160,8 +161,24 @@ class Admission:
         return self._count(call, decision)
 
     def note_arrival(self, call: CallContext, now: float) -> None:
-        """``call`` arrived: its class has demand (and maybe a TTFT budget) to protect."""
-        self.headroom.note(call.priority, call.ttft_budget_s, now)
+        """``call`` arrived: its class has demand (and maybe budgets) to protect."""
+        e2e_s = None if call.deadline_s is None else call.deadline_s - now
+        self.headroom.note(
+            call.priority, call.ttft_budget_s, now, e2e_budget_s=e2e_s,
+            num_output_tokens=self._num_output(call),
+        )  # fmt: skip
+
+    def _decode_held(
+        self, prio: PriorityClass, model: str, pool: Sequence[EndpointView], now: float
+    ) -> bool:
+        """Whether the pool's best predicted TPOT is over the class's cap (decode
+        protection of higher-class deadlines, :mod:`inferplane.core.headroom`)."""
+        cap_s = self.headroom.tpot_caps(now).of(prio)
+        if math.isinf(cap_s):
+            return False
+        pred = self.predictor
+        tpots = [pred.predict(v, model, 0, now).tpot_s for v in pool if v.state.accepts_work]
+        return bool(tpots) and min(tpots) > cap_s
 
     def held_config(self, now: float) -> AdmissionConfig:
         """The config with the wait caps of the demand seen now (cached per caps)."""
@@ -175,7 +192,12 @@ class Admission:
         return found
 
     def _decide(
-        self, call: CallContext, cap: PoolCapacity, now: float, size_bytes: int
+        self,
+        call: CallContext,
+        cap: PoolCapacity,
+        now: float,
+        size_bytes: int,
+        decoding: bool = False,
     ) -> AdmissionDecision:
         cfg, prio = self.config, call.priority
         standing = self.workflows.standing(call)
@@ -196,7 +218,7 @@ class Admission:
             msg = f"{prio.value} shed: pool saturation {sat:.2f} >= {limit:.2f}"
             return Reject("saturated", msg, self._ra(drain_s), 429, sat)
         # engines' queues too long for the higher-class demand seen
-        held = cap.best.wait_s > self.held_config(now).headroom.max_wait_s.of(prio)
+        held = decoding or cap.best.wait_s > self.held_config(now).headroom.max_wait_s.of(prio)
         if ahead.num_calls == 0 and cap.free_slots > 0 and not held:
             return Admit("admitted", sat, ttft_s)
         return self._enqueue(call, cap, ttft_s, standing, now, size_bytes, sat, drain_s)
@@ -295,9 +317,18 @@ class Admission:
         """
         exits = self.queue.expire(now)
         room = DispatchBudget(pool_for, self.predictor, self.held_config(now), now)
+        decoding: dict[tuple[str, PriorityClass], bool] = {}
+
+        def allows(item: QueueItem) -> bool:
+            call = item.call
+            key = (call.model, call.priority)
+            if key not in decoding:
+                decoding[key] = self._decode_held(key[1], key[0], pool_for(key[0]), now)
+            return not decoding[key] and room.allows(call)
+
         budget = len(self.queue) if limit is None else limit
         while budget > 0:
-            out = self.queue.pop_next(now, lambda item: room.allows(item.call))
+            out = self.queue.pop_next(now, allows)
             if out is None:
                 break
             room.charge(out.item.call)

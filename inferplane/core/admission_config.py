@@ -155,6 +155,9 @@ class HeadroomConfig(_Frozen):
     demand_window_s: float = Field(default=30.0, gt=0)
     #: Cap as a share of the higher classes' TTFT budgets (2 s budgets: the caps above).
     budget_share: PerClass = PerClass(critical=float("inf"), standard=0.5, sheddable=0.25)
+    #: Decode protection: held while the pool's best predicted TPOT is over this share of
+    #: the TPOT the higher classes' deadlines need (``core.headroom``).
+    tpot_share: PerClass = PerClass(critical=float("inf"), standard=0.3, sheddable=0.15)
 
     @model_validator(mode="after")
     def _check_shares(self) -> HeadroomConfig:
@@ -163,7 +166,7 @@ class HeadroomConfig(_Frozen):
             for value in (per.critical, per.standard, per.sheddable):
                 if not 0.0 <= value < 1.0:
                     raise ValueError(f"headroom {name} must be in [0, 1): {value}")
-        for name in ("max_wait_s", "budget_share"):
+        for name in ("max_wait_s", "budget_share", "tpot_share"):
             per = getattr(self, name)
             if min(per.critical, per.standard, per.sheddable) <= 0:
                 raise ValueError(f"headroom {name} must be > 0")

@@ -1,4 +1,4 @@
-"""Which classes the engines' headroom protects now, and how much wait a lower class may add.
+"""Which classes the engines' headroom protects now, and how much a lower class may add.
 
 Admission holds a lower class in the gateway queue while the predicted wait at the best
 endpoint exceeds its cap (``HeadroomConfig``), so that a higher-class call arriving next
@@ -8,10 +8,18 @@ standard calls alone was held at a fixed 1 s of engine queue, queued hundreds of
 the demand actually seen:
 
 * a class is held only while a call of a higher class arrived within ``demand_window_s``;
-* its cap is ``budget_share`` x the mean TTFT budget (EWMA) of those higher-class calls,
-  or the configured ``max_wait_s`` while none of them carried a budget.
+* its wait cap is ``budget_share`` x the mean TTFT budget (EWMA) of those higher-class
+  calls, or the configured ``max_wait_s`` while none of them carried a budget;
+* decode is protected too: every prefill chunk an engine runs stalls the decodes in its
+  batch (a 2048-token chunk of a 70B model takes 0.55 s on 4 x A100: 20x a decode step),
+  so an engine kept busy prefilling lower-class work decodes a critical answer of a few
+  hundred tokens past a 30 s deadline, however short its queue. Higher-class calls with
+  deadlines need a time per output token of about (deadline - TTFT budget) / output
+  tokens (EWMAs of both); a lower class is held while the best predicted TPOT of the pool
+  (calibrated on observed TPOT, so it includes that interference) is over ``tpot_share``
+  x that need.
 
-Pure: ``now`` and each call's budget are passed in.
+Pure: ``now`` and each call's budgets are passed in.
 """
 
 from __future__ import annotations
@@ -25,50 +33,87 @@ from inferplane.core.types import PriorityClass
 __all__ = ["HeadroomDemand"]
 
 _ORDER = (PriorityClass.CRITICAL, PriorityClass.STANDARD, PriorityClass.SHEDDABLE)
-_BUDGET_ALPHA = 0.1  # weight of one call's TTFT budget in its class's mean
+_ALPHA = 0.1  # weight of one call in its class's means
 
 
 @dataclass(slots=True)
 class _Seen:
     last_s: float
     budget_s: float | None = None  # EWMA of the TTFT budgets carried (None: none yet)
+    decode_s: float | None = None  # EWMA of the time left to decode (deadline - TTFT budget)
+    tokens: float | None = None  # EWMA of the output tokens expected of those calls
+
+    def tpot_need_s(self) -> float | None:
+        if self.decode_s is None or self.tokens is None:
+            return None
+        return self.decode_s / max(1.0, self.tokens)
+
+
+def _ewma(old: float | None, value: float) -> float:
+    return value if old is None else old + _ALPHA * (value - old)
+
+
+def _usable(x: float | None) -> float | None:
+    """``x`` when it is a positive finite number, else None."""
+    return x if x is not None and math.isfinite(x) and x > 0 else None
 
 
 class HeadroomDemand:
-    """Recent arrivals per class, and the wait caps they imply (module docstring)."""
+    """Recent arrivals per class, and the caps they imply (module docstring)."""
 
     def __init__(self, config: HeadroomConfig) -> None:
         self.config = config
         self._seen: dict[PriorityClass, _Seen] = {}
 
-    def note(self, priority: PriorityClass, ttft_budget_s: float | None, now: float) -> None:
-        """A call of ``priority`` arrived now, with that TTFT budget (None: none)."""
+    def note(
+        self,
+        priority: PriorityClass,
+        ttft_budget_s: float | None,
+        now: float,
+        *,
+        e2e_budget_s: float | None = None,
+        num_output_tokens: int = 0,
+    ) -> None:
+        """A call of ``priority`` arrived now with those budgets (seconds left; None: none)
+        for about ``num_output_tokens`` of output."""
         seen = self._seen.get(priority)
         if seen is None:
             seen = self._seen[priority] = _Seen(now)
         seen.last_s = max(seen.last_s, now)
-        if ttft_budget_s is not None and math.isfinite(ttft_budget_s) and ttft_budget_s > 0:
-            old = seen.budget_s
-            seen.budget_s = (
-                ttft_budget_s if old is None else old + _BUDGET_ALPHA * (ttft_budget_s - old)
-            )
+        ttft_s = _usable(ttft_budget_s)
+        if ttft_s is not None:
+            seen.budget_s = _ewma(seen.budget_s, ttft_s)
+        e2e_s = _usable(e2e_budget_s)
+        if e2e_s is not None and num_output_tokens > 0 and e2e_s > (ttft_s or 0.0):
+            seen.decode_s = _ewma(seen.decode_s, e2e_s - (ttft_s or 0.0))
+            seen.tokens = _ewma(seen.tokens, float(num_output_tokens))
 
     def wait_caps(self, now: float) -> PerClass:
         """The predicted engine wait each class may dispatch into now (inf: not held)."""
         caps = [math.inf, math.inf, math.inf]
         for i, prio in enumerate(_ORDER[1:], start=1):
-            caps[i] = self._cap(prio, _ORDER[:i], now)
+            active = self._active(_ORDER[:i], now)
+            if not active:
+                continue
+            budgets = [s.budget_s for s in active if s.budget_s is not None]
+            if budgets:
+                caps[i] = self.config.budget_share.of(prio) * min(budgets)
+            else:
+                caps[i] = self.config.max_wait_s.of(prio)
         return PerClass(critical=caps[0], standard=caps[1], sheddable=caps[2])
 
-    def _cap(self, prio: PriorityClass, higher: tuple[PriorityClass, ...], now: float) -> float:
-        cfg = self.config
-        active = [
-            s for h in higher if (s := self._seen.get(h)) is not None
-            and now - s.last_s <= cfg.demand_window_s
+    def tpot_caps(self, now: float) -> PerClass:
+        """The best predicted TPOT each class may dispatch into now (inf: not held)."""
+        caps = [math.inf, math.inf, math.inf]
+        for i, prio in enumerate(_ORDER[1:], start=1):
+            needs = [n for s in self._active(_ORDER[:i], now) if (n := s.tpot_need_s())]
+            if needs:
+                caps[i] = self.config.tpot_share.of(prio) * min(needs)
+        return PerClass(critical=caps[0], standard=caps[1], sheddable=caps[2])
+
+    def _active(self, classes: tuple[PriorityClass, ...], now: float) -> list[_Seen]:
+        window_s = self.config.demand_window_s
+        return [
+            s for c in classes if (s := self._seen.get(c)) is not None
+            and now - s.last_s <= window_s
         ]  # fmt: skip
-        if not active:
-            return math.inf
-        budgets = [s.budget_s for s in active if s.budget_s is not None]
-        if not budgets:
-            return cfg.max_wait_s.of(prio)
-        return cfg.budget_share.of(prio) * min(budgets)
