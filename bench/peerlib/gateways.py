@@ -47,7 +47,9 @@ class GatewayKind(StrEnum):
 PACKAGES: dict[GatewayKind, tuple[str, ...]] = {
     GatewayKind.SGLANG: ("sglang-router",),
     GatewayKind.VLLM: ("vllm-router",),
-    GatewayKind.LITELLM: ("litellm[proxy]", "prometheus_client"),
+    # 1.106.12: the newest release whose proxy extra resolves from this machine's index
+    # (1.108 and later need the separate litellm-proxy package, which is not published there).
+    GatewayKind.LITELLM: ("litellm[proxy]==1.106.12", "prometheus_client"),
 }
 
 
