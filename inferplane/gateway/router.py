@@ -247,7 +247,7 @@ class GatewayRouter:
             self._keys_of[key] = keys
         uncached = max(0, call.num_prompt_tokens - cached)
         estimate = self.predictor.predict(view, call.model, uncached, now)
-        self.predictor.on_dispatch(key, name, uncached, estimate)
+        self.predictor.on_dispatch(key, name, uncached, estimate, call.max_tokens)
         return estimate
 
     def on_first_token(self, key: str, ttft_s: float, now: float) -> None:
