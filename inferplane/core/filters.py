@@ -4,14 +4,17 @@ Stage one needs only the call and the endpoint (model served, state accepts work
 fits, not excluded by the caller, e.g. an endpoint that already failed this call). A LoRA
 adapter is served under its own model name (as vLLM lists it in ``/v1/models``), so "adapter
 present" is the model check. Stage two needs the latency predictions: latency-bound calls
-never go to a warming replica while a ready one meets their budget. Pure functions.
+never go to a warming replica while a ready one meets their budget, and critical calls
+never to a replica predicted to miss their budget while another meets it (a long critical
+answer sent to a slower, cheaper GPU because it won on cost and load missed its deadline
+there). Pure functions.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
 
-from inferplane.core.types import CallContext, EndpointState, EndpointView
+from inferplane.core.types import CallContext, EndpointState, EndpointView, PriorityClass
 
 #: A filter answers None (keep) or the reason the endpoint cannot take the call.
 Filter = Callable[[CallContext, EndpointView], str | None]
@@ -77,5 +80,24 @@ def prefer_warm(
         (v.name, "warming; a ready endpoint meets the budget")
         for v in views
         if v.state is EndpointState.WARMING
+    ]
+    return kept, refused
+
+
+def prefer_meeting_budget(
+    call: CallContext, views: Sequence[EndpointView], meets_budget: Mapping[str, bool]
+) -> tuple[list[EndpointView], list[tuple[str, str]]]:
+    """Drop endpoints predicted to miss a critical call's budget when another meets it."""
+    if call.priority is not PriorityClass.CRITICAL or not is_latency_bound(call):
+        return list(views), []
+    if all(meets_budget.get(v.name, False) for v in views) or not any(
+        meets_budget.get(v.name, False) for v in views
+    ):
+        return list(views), []
+    kept = [v for v in views if meets_budget.get(v.name, False)]
+    refused = [
+        (v.name, "predicted to miss the budget; another endpoint meets it")
+        for v in views
+        if not meets_budget.get(v.name, False)
     ]
     return kept, refused

@@ -31,7 +31,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from inferplane.core.filters import apply_filters, prefer_warm
+from inferplane.core.filters import apply_filters, prefer_meeting_budget, prefer_warm
 from inferplane.core.predictor import LatencyEstimate, LatencyPredictor
 from inferplane.core.routing_config import RoutingConfig
 from inferplane.core.scorers import (
@@ -116,6 +116,8 @@ def route(
         use = uses[name] = budget_use(call, estimate, now, cfg)
         meets[name] = use is None or use <= 1.0
     candidates, dropped = prefer_warm(call, candidates, meets)
+    candidates, missing = prefer_meeting_budget(call, candidates, meets)
+    dropped += missing
     if len(candidates) == 1 and cfg.explain_top == 0:
         return _only_candidate(candidates[0].name, estimates, meets, refused + dropped, rng)
     if dropped:
