@@ -165,7 +165,7 @@ class Admission:
         e2e_s = None if call.deadline_s is None else call.deadline_s - now
         self.headroom.note(
             call.priority, call.ttft_budget_s, now, e2e_budget_s=e2e_s,
-            num_output_tokens=self._num_output(call),
+            num_output_tokens=min(call.max_tokens, 4 * self.config.expected_output_tokens),
         )  # fmt: skip
 
     def _decode_held(

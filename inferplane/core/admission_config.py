@@ -157,7 +157,9 @@ class HeadroomConfig(_Frozen):
     budget_share: PerClass = PerClass(critical=float("inf"), standard=0.5, sheddable=0.25)
     #: Decode protection: held while the pool's best predicted TPOT is over this share of
     #: the TPOT the higher classes' deadlines need (``core.headroom``).
-    tpot_share: PerClass = PerClass(critical=float("inf"), standard=0.3, sheddable=0.15)
+    #: 0.6 / 0.4: in the simulator on bench/overload_live.py's fleet (70B on 4xH100 + 4xA100,
+    #: 300 s) critical chat went from 90% to 99% at 2x (no hold: 90%; 1.0 / 0.7: 95%).
+    tpot_share: PerClass = PerClass(critical=float("inf"), standard=0.6, sheddable=0.4)
 
     @model_validator(mode="after")
     def _check_shares(self) -> HeadroomConfig:

@@ -15,7 +15,9 @@ the demand actually seen:
   so an engine kept busy prefilling lower-class work decodes a critical answer of a few
   hundred tokens past a 30 s deadline, however short its queue. Higher-class calls with
   deadlines need a time per output token of about (deadline - TTFT budget) / output
-  tokens (EWMAs of both); a lower class is held while the best predicted TPOT of the pool
+  tokens: the mean time left (EWMA) over the long answers among them (a high quantile of
+  their output tokens: an estimate that jumps up halfway to a longer answer and decays
+  by 2% per shorter one); a lower class is held while the best predicted TPOT of the pool
   (calibrated on observed TPOT, so it includes that interference) is over ``tpot_share``
   x that need.
 
@@ -34,6 +36,7 @@ __all__ = ["HeadroomDemand"]
 
 _ORDER = (PriorityClass.CRITICAL, PriorityClass.STANDARD, PriorityClass.SHEDDABLE)
 _ALPHA = 0.1  # weight of one call in its class's means
+_UP, _DOWN = 0.5, 0.02  # the long-answer estimate: quick to rise, slow to fall
 
 
 @dataclass(slots=True)
@@ -41,7 +44,7 @@ class _Seen:
     last_s: float
     budget_s: float | None = None  # EWMA of the TTFT budgets carried (None: none yet)
     decode_s: float | None = None  # EWMA of the time left to decode (deadline - TTFT budget)
-    tokens: float | None = None  # EWMA of the output tokens expected of those calls
+    tokens: float | None = None  # high quantile of the output tokens of those calls
 
     def tpot_need_s(self) -> float | None:
         if self.decode_s is None or self.tokens is None:
@@ -51,6 +54,12 @@ class _Seen:
 
 def _ewma(old: float | None, value: float) -> float:
     return value if old is None else old + _ALPHA * (value - old)
+
+
+def _high(old: float | None, value: float) -> float:
+    if old is None:
+        return value
+    return old + (_UP if value > old else _DOWN) * (value - old)
 
 
 def _usable(x: float | None) -> float | None:
@@ -86,7 +95,7 @@ class HeadroomDemand:
         e2e_s = _usable(e2e_budget_s)
         if e2e_s is not None and num_output_tokens > 0 and e2e_s > (ttft_s or 0.0):
             seen.decode_s = _ewma(seen.decode_s, e2e_s - (ttft_s or 0.0))
-            seen.tokens = _ewma(seen.tokens, float(num_output_tokens))
+            seen.tokens = _high(seen.tokens, float(num_output_tokens))
 
     def wait_caps(self, now: float) -> PerClass:
         """The predicted engine wait each class may dispatch into now (inf: not held)."""

@@ -88,7 +88,7 @@ def _critical_chat(d: HeadroomDemand | None = None) -> HeadroomDemand:
 def test_decode_need_is_time_left_after_ttft_per_output_token() -> None:
     caps = _critical_chat().tpot_caps(0.0)  # needs 28 s / 100 tokens = 0.28 s per token
     assert caps.critical == INF
-    assert math.isclose(caps.standard, 0.3 * 0.28) and math.isclose(caps.sheddable, 0.15 * 0.28)
+    assert math.isclose(caps.standard, 0.6 * 0.28) and math.isclose(caps.sheddable, 0.4 * 0.28)
     assert HeadroomDemand(HeadroomConfig()).tpot_caps(0.0).standard == INF  # no demand
     no_deadline = HeadroomDemand(HeadroomConfig())
     no_deadline.note(CRIT, 2.0, 0.0)  # a budget but no deadline: nothing to decode against
@@ -97,24 +97,34 @@ def test_decode_need_is_time_left_after_ttft_per_output_token() -> None:
 
 
 def test_engines_too_slow_to_decode_critical_answers_hold_lower_classes() -> None:
-    # Engines busy prefilling decode at 0.1 s per token: over 0.3 x 0.28 s for standard.
-    slow = adm(StubPredictor(wait_s=0.0, tpot_s=0.1), headroom=WAIT_CAP)
+    # Engines busy prefilling decode at 0.2 s per token: over 0.6 x 0.28 s for standard.
+    slow = adm(StubPredictor(wait_s=0.0, tpot_s=0.2), headroom=WAIT_CAP)
     _critical_chat(slow.headroom)
     assert isinstance(slow.admit(call("s", prio=STD), IDLE, 0.0), Enqueue)
     assert isinstance(slow.admit(call("c", prio=CRIT), IDLE, 0.0), Admit)  # never held
     assert slow.poll(1.0, lambda m: IDLE) == []  # still too slow: stays queued
-    # Decoding at 0.05 s per token is under the standard cap (0.084) and over sheddable's.
-    fast = adm(StubPredictor(wait_s=0.0, tpot_s=0.05), headroom=WAIT_CAP)
+    # Decoding at 0.15 s per token is under the standard cap (0.168) and over sheddable's.
+    fast = adm(StubPredictor(wait_s=0.0, tpot_s=0.15), headroom=WAIT_CAP)
     _critical_chat(fast.headroom)
     assert isinstance(fast.admit(call("s", prio=STD), IDLE, 0.0), Admit)
     assert isinstance(fast.admit(call("x", prio=SHED), IDLE, 0.0), Enqueue)
 
 
 def test_the_decode_hold_lifts_when_tpot_recovers() -> None:
-    stub = StubPredictor(wait_s=0.0, tpot_s=0.1)
+    stub = StubPredictor(wait_s=0.0, tpot_s=0.2)
     a = adm(stub, headroom=WAIT_CAP)
     a.admit(call("c", prio=CRIT, deadline_s=30.0, ttft_budget_s=2.0), IDLE, 0.0)
-    assert a.headroom.tpot_caps(0.0).standard < 0.1
+    assert a.headroom.tpot_caps(0.0).standard < 0.2
     assert isinstance(a.admit(call("s", prio=STD), IDLE, 0.0), Enqueue)
     stub.tpot_s = 0.01  # the engines' batches drained
     assert [e.item.request_id for e in a.poll(1.0, lambda m: IDLE)] == ["s"]
+
+
+def test_the_need_follows_the_long_answers_and_decays_slowly() -> None:
+    d = _critical_chat()  # 100 tokens
+    d.note(CRIT, 2.0, 1.0, e2e_budget_s=30.0, num_output_tokens=1100)  # halfway up: 600
+    assert math.isclose(d.tpot_caps(1.0).standard, 0.6 * 28.0 / 600.0)
+    for i in range(10):  # ten short answers lower it by 2% of the gap each
+        d.note(CRIT, 2.0, 2.0 + i, e2e_budget_s=30.0, num_output_tokens=100)
+    tokens = 28.0 / (d.tpot_caps(12.0).standard / 0.6)
+    assert 500 < tokens < 600
