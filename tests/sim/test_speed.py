@@ -7,6 +7,8 @@ import random
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from inferplane.config import load_config, parse_config
 from inferplane.core.admission_config import AdmissionConfig
 from inferplane.core.capacity import pool_capacity
@@ -90,8 +92,9 @@ def test_kept_capacity_falls_through_for_a_pool_it_does_not_keep() -> None:
     kept = CapacityBook(book, predictor, cfg, best_of=1)
     book.rebuild(0.0)
     other = [dataclasses.replace(v, in_flight=5) for v in book.pool("llama-3-8b")]
-    got = kept("llama-3-8b", 100, other, predictor, cfg, 0.0, PriorityClass.STANDARD)
-    assert got == pool_capacity("llama-3-8b", 100, other, predictor, cfg, 0.0, PriorityClass.STANDARD)
+    std = PriorityClass.STANDARD
+    got = kept("llama-3-8b", 100, other, predictor, cfg, 0.0, std)
+    assert got == pool_capacity("llama-3-8b", 100, other, predictor, cfg, 0.0, std)
 
 
 def _run(tmp: Path, **over: Any) -> Simulation:
@@ -122,8 +125,6 @@ BUSY = {
 
 
 def _big(tmp: Path, speed: dict[str, Any]) -> Simulation:
-    import yaml
-
     (tmp / "big.yaml").write_text(yaml.safe_dump(BIG_FLEET), encoding="utf-8")
     return _run(tmp, fleet="big.yaml", speed=speed, **BUSY)
 
