@@ -7,9 +7,10 @@ gateway is a :class:`~inferplane.core.workflow_sync.SyncedLedger`, and this modu
 it in step with the shared record (``StateStore.workflow_update``, one atomic script):
 
 * **writes** (every admit, dispatch and finish queues a delta) go out from a background
-  flusher, never on the request path: the outbox is coalesced (an admit and its dispatch
-  are one update) and sent in order per workflow, a few workflows at a time; the record
-  the store answers with is merged back into the local ledger;
+  flusher, never on the request path, ``flush_delay_s`` (5 ms) after the first queued
+  change: the outbox is coalesced (an admit and its dispatch are one update, and so is a
+  whole call that ended within the delay) and sent in order per workflow, a few workflows
+  at a time; the record the store answers with is merged back into the local ledger;
 * **reads** (hydration) are read-through on the request path, bounded: a workflow call
   whose workflow was not synced within ``fresh_s`` reads the shared record first, waiting
   at most ``read_timeout_s`` (by default the store's own per-call deadline, ``state:
@@ -53,6 +54,9 @@ __all__ = ["LedgerSyncStats", "SharedLedger", "setup_workflow_routes"]
 log = logging.getLogger("inferplane.gateway.shared_ledger")
 
 _DEFAULT_READ_TIMEOUT_S = 0.05
+# deltas wait this long before a flush, so a short call's admit, dispatch and finish go out
+# as one update, and the deltas of many workflows go out in one batch (pipelined)
+_FLUSH_DELAY_S = 0.005
 _PARALLEL_WORKFLOWS = 16  # store updates in flight at once (each workflow's stay in order)
 _ROUTES_KEY = web.AppKey("inferplane.workflow_routes", bool)
 
@@ -81,12 +85,14 @@ class SharedLedger:
         clock: Callable[[], float],
         *,
         fresh_s: float = 0.5,
+        flush_delay_s: float = _FLUSH_DELAY_S,
         read_timeout_s: float | None = None,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
         self.ttl_s = core.config.workflows.idle_ttl_s
         self.fresh_s = fresh_s
+        self.flush_delay_s = flush_delay_s
         if read_timeout_s is None:  # the store's own deadline (the quota take's too)
             read_timeout_s = float(getattr(store, "op_timeout_s", _DEFAULT_READ_TIMEOUT_S))
         self.read_timeout_s = read_timeout_s
@@ -145,6 +151,8 @@ class SharedLedger:
         try:
             while True:
                 await self._wake.wait()
+                if self.flush_delay_s > 0:
+                    await asyncio.sleep(self.flush_delay_s)
                 self._wake.clear()
                 await self.flush()
         finally:
