@@ -15,7 +15,8 @@ of the scheduler: it works on the scheduler's own state. Pure: times are argumen
 
 from __future__ import annotations
 
-from inferplane.engine.scheduler import Scheduler, SeqStatus, Sequence, StepPlan
+from inferplane.engine.scheduler import Scheduler
+from inferplane.engine.sequence import SeqStatus, Sequence, StepPlan
 from inferplane.engine.types import EOS_TOKEN_ID, BlockRemoved, EngineEvent
 
 

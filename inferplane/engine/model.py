@@ -37,7 +37,8 @@ from inferplane.engine.generation import TokenGenerator
 from inferplane.engine.kvcache import BlockPool
 from inferplane.engine.perf import PerfModel
 from inferplane.engine.profiles import EngineProfile
-from inferplane.engine.scheduler import Scheduler, StepPlan
+from inferplane.engine.scheduler import Scheduler
+from inferplane.engine.sequence import StepPlan
 from inferplane.engine.types import (
     AllBlocksCleared,
     EngineEvent,

@@ -6,7 +6,8 @@ import pytest
 
 from inferplane.engine.generation import TokenGenerator
 from inferplane.engine.kvcache import BlockPool
-from inferplane.engine.scheduler import Scheduler, SeqStatus, StepPlan
+from inferplane.engine.scheduler import Scheduler
+from inferplane.engine.sequence import SeqStatus, StepPlan
 from inferplane.engine.types import (
     EngineEvent,
     EngineRequest,
