@@ -29,12 +29,14 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 __all__ = ["FrontRequest", "Head", "encode_response", "parse_head"]
 
-#: Control characters other than tab, and any CR or LF not part of a CRLF line end.
-_BAD_BYTES = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]|\r(?!\n)|(?<!\r)\n")
-_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+\Z")
-#: Request headers that make a request more than the plain case (aiohttp handles them).
+#: A header block whose every line is ``token ":" value`` with no control character but tab
+#: (so no bare CR or LF either): checked in one pass before the lines are split.
+_LINE = rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+:[\t\x20-\x7e\x80-\xff]*"
+_HEADER_BLOCK = re.compile(rb"(?:" + _LINE + rb"\r\n)*" + _LINE)
+#: Request headers the front server acts on: how the body is framed and the connection kept.
 _NOT_PLAIN = frozenset({"transfer-encoding", "expect", "upgrade"})
 _CONNECTION = {"keep-alive": True, "close": False}
+_SPECIAL = frozenset({"content-length", "connection", *_NOT_PLAIN})
 
 
 class Head(NamedTuple):
@@ -49,37 +51,35 @@ class Head(NamedTuple):
 def parse_head(head: bytes, hot_paths: frozenset[str]) -> Head | None:
     """The head (request line and headers, without the blank line) of a plain hot request,
     or None when aiohttp should have the request (and the connection)."""
-    text = head.decode("utf-8", "surrogateescape")
-    if _BAD_BYTES.search(text) is not None:
+    line_end = head.find(b"\r\n")
+    line = head if line_end < 0 else head[:line_end]
+    if not line.startswith(b"POST ") or not line.endswith(b" HTTP/1.1"):
         return None
-    lines = text.split("\r\n")
-    parts = lines[0].split(" ")
-    if len(parts) != 3 or parts[0] != "POST" or parts[2] != "HTTP/1.1":
-        return None
-    path = parts[1]
+    path = line[5:-9].decode("latin-1")
     if path not in hot_paths:
         return None
     pairs: list[tuple[str, str]] = []
     length: int | None = None
     keep_alive = True
-    for line in lines[1:]:
-        name, colon, value = line.partition(":")
-        if not colon or _TOKEN.match(name) is None:
+    if line_end >= 0:
+        block = head[line_end + 2 :]
+        if _HEADER_BLOCK.fullmatch(block) is None:
             return None
-        value = value.strip(" \t")
-        key = name.lower()
-        if key == "content-length":
-            if length is not None or not value.isdigit() or not value.isascii():
+        for field in block.decode("utf-8", "surrogateescape").split("\r\n"):
+            name, _, value = field.partition(":")
+            value = value.strip(" \t")
+            pairs.append((name, value))
+            key = name.lower()
+            if key not in _SPECIAL:
+                continue
+            if key == "content-length":
+                if length is not None or not value.isdigit() or not value.isascii():
+                    return None
+                length = int(value)
+            elif key == "connection" and value.lower() in _CONNECTION:
+                keep_alive = _CONNECTION[value.lower()]
+            else:
                 return None
-            length = int(value)
-        elif key == "connection":
-            flag = _CONNECTION.get(value.lower())
-            if flag is None:
-                return None
-            keep_alive = flag
-        elif key in _NOT_PLAIN:
-            return None
-        pairs.append((name, value))
     return Head(path, CIMultiDictProxy(CIMultiDict(pairs)), length, keep_alive)
 
 
