@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import itertools
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
 
 import aiohttp
 import orjson
@@ -42,7 +40,7 @@ from inferplane.gateway.context import (
     read_context,
 )
 from inferplane.gateway.dashboard import setup_dashboard
-from inferplane.gateway.errors import ApiError, error_response, from_http_exception
+from inferplane.gateway.errors import ApiError, error_middleware
 from inferplane.gateway.fleet_metrics import setup_fleet_metrics
 from inferplane.gateway.metrics import CONTENT_TYPE
 from inferplane.gateway.planner import admission_call, plan_call
@@ -50,7 +48,7 @@ from inferplane.gateway.proxy import Candidate, Exchange, Proxy
 from inferplane.gateway.recorder import Recorder
 from inferplane.gateway.response_cache import CacheLookup, ResponseCache, StreamCapture
 from inferplane.gateway.router import GatewayRouter
-from inferplane.gateway.server import FRONT_ROUTES, FrontRoutes, FrontSite
+from inferplane.gateway.server import FRONT_ROUTES, FrontRoutes, start_server, tune_gc
 from inferplane.gateway.shared_ledger import setup_workflow_routes
 from inferplane.gateway.stats import render_metrics, stats_body
 from inferplane.gateway.tracing import GatewayTracer, TracingConfig, setup_tracing
@@ -58,6 +56,8 @@ from inferplane.gateway.tracker import EndpointTracker
 from inferplane.gateway.upstream import UpstreamClient
 from inferplane.state.config import StateBackend, build_store
 from inferplane.state.quota_client import SharedQuotas
+
+__all__ = ["Gateway", "start_server"]
 
 log = logging.getLogger("inferplane.gateway")
 
@@ -104,7 +104,8 @@ class Gateway:
 
     def build_app(self) -> web.Application:
         app = web.Application(
-            middlewares=[self._errors], client_max_size=self.config.gateway.max_body_bytes
+            middlewares=[error_middleware(self._reject)],
+            client_max_size=self.config.gateway.max_body_bytes,
         )
         app.router.add_post(ApiKind.CHAT, self._chat)
         app.router.add_post(ApiKind.COMPLETIONS, self._completions)
@@ -177,7 +178,7 @@ class Gateway:
         self.router.start()
         self._tasks.append(asyncio.create_task(self._expire_loop()))
         self._tasks.append(asyncio.create_task(self.gate.run()))
-        _tune_gc()
+        tune_gc()
         log.info("gateway started", extra={"endpoints": len(infos), "ready": self._num_ready()})
 
     async def stop(self) -> None:
@@ -218,29 +219,9 @@ class Gateway:
     def _num_ready(self) -> int:
         return sum(self.tracker.state(n) is EndpointState.READY for n in self.tracker.names())
 
-    # ---- errors ----------------------------------------------------------------------------
-
-    @web.middleware
-    async def _errors(
-        self, request: web.Request, handler: Callable[[web.Request], Any]
-    ) -> web.StreamResponse:
-        try:
-            response: web.StreamResponse = await handler(request)
-            return response
-        except ApiError as err:
-            if not err.recorded:
-                self.recorder.reject(None, err.status, err.code or err.error_type, self.clock())
-            return error_response(err)
-        except web.HTTPException as exc:
-            http_err = from_http_exception(exc)
-            code = http_err.code or http_err.error_type
-            self.recorder.reject(None, http_err.status, code, self.clock())
-            return error_response(http_err)
-        except (ConnectionResetError, asyncio.CancelledError):
-            raise
-        except Exception:
-            log.exception("unexpected error", extra={"path": request.path})
-            return error_response(ApiError(500, "internal gateway error", code="internal"))
+    def _reject(self, status: int, code: str) -> None:
+        """A call refused before its context was read (the error middleware's report)."""
+        self.recorder.reject(None, status, code, self.clock())
 
     # ---- generation ------------------------------------------------------------------------
 
@@ -407,39 +388,5 @@ class Gateway:
         return web.Response(body=body_out, content_type="application/json")
 
 
-#: Young-generation threshold of the cyclic GC while serving (CPython's default is 700).
-GC_GEN0_THRESHOLD = 10_000
-
-
-def _tune_gc() -> None:
-    """Make the cyclic garbage collector cheap for a server (the overhead bench: ~10% of
-    the gateway's CPU went to collections). What exists once the gateway has started (the
-    imported modules, config, routing state) lives as long as the process: ``gc.freeze``
-    keeps it out of every later scan. A call allocates a few hundred short-lived containers
-    that reference counting frees anyway, so young collections run less often.
-    """
-    gc.freeze()
-    gen0, gen1, gen2 = gc.get_threshold()
-    gc.set_threshold(max(gen0, GC_GEN0_THRESHOLD), gen1, gen2)
-
-
 def _no_clock() -> float:
     raise RuntimeError("the gateway has not started")
-
-
-async def start_server(
-    app: web.Application, host: str, port: int, shutdown_timeout_s: float = 60.0
-) -> tuple[web.AppRunner, int]:
-    """Start serving ``app``; returns the runner and the bound port (port 0 picks one).
-
-    Handler cancellation is on: a client that disconnects cancels its handler, which closes
-    the upstream connection and so aborts the engine's work.
-    """
-    runner = web.AppRunner(
-        app, handler_cancellation=True, access_log=None, shutdown_timeout=shutdown_timeout_s
-    )
-    await runner.setup()
-    site = FrontSite(runner, host, port, backlog=2048, front_shutdown_timeout_s=shutdown_timeout_s)
-    await site.start()
-    bound = runner.addresses[0][1]
-    return runner, int(bound)

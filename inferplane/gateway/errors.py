@@ -8,10 +8,15 @@ or an upstream engine failed. Handlers raise :class:`ApiError`; the error middle
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 import orjson
 from aiohttp import web
+
+log = logging.getLogger("inferplane.gateway")
 
 #: OpenAI's error ``type`` for each status the gateway produces.
 _TYPE_BY_STATUS: dict[int, str] = {
@@ -105,3 +110,34 @@ def from_http_exception(exc: web.HTTPException) -> ApiError:
     if status == 404:
         return ApiError(404, "no such endpoint", code="unknown_url")
     return ApiError(status, exc.reason or "request failed", code="http_error")
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def error_middleware(reject: Callable[[int, str], None]) -> Callable[..., Awaitable[Any]]:
+    """The app's outermost middleware: every failure becomes an OpenAI error response.
+
+    ``reject(status, code)`` accounts for a refusal no handler recorded yet (an ``ApiError``
+    raised before the call's context was known, or aiohttp's own 404/405/413).
+    """
+
+    @web.middleware
+    async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except ApiError as err:
+            if not err.recorded:
+                reject(err.status, err.code or err.error_type)
+            return error_response(err)
+        except web.HTTPException as exc:
+            http_err = from_http_exception(exc)
+            reject(http_err.status, http_err.code or http_err.error_type)
+            return error_response(http_err)
+        except (ConnectionResetError, asyncio.CancelledError):
+            raise
+        except Exception:
+            log.exception("unexpected error", extra={"path": request.path})
+            return error_response(ApiError(500, "internal gateway error", code="internal"))
+
+    return errors

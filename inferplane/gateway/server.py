@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import gc
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ from aiohttp.web_server import Server
 
 from inferplane.gateway.server_request import FrontRequest, encode_response, parse_head
 
-__all__ = ["FRONT_ROUTES", "FrontRoutes", "FrontSite"]
+__all__ = ["FRONT_ROUTES", "FrontRoutes", "FrontSite", "start_server", "tune_gc"]
 
 log = logging.getLogger("inferplane.gateway.server")
 
@@ -272,3 +273,37 @@ class FrontSite(web.TCPSite):
         await super().stop()
         if self._front is not None:
             await self._front.shutdown(self._front_shutdown_s)
+
+
+async def start_server(
+    app: web.Application, host: str, port: int, shutdown_timeout_s: float = 60.0
+) -> tuple[web.AppRunner, int]:
+    """Start serving ``app``; returns the runner and the bound port (port 0 picks one).
+
+    Handler cancellation is on: a client that disconnects cancels its handler, which closes
+    the upstream connection and so aborts the engine's work.
+    """
+    runner = web.AppRunner(
+        app, handler_cancellation=True, access_log=None, shutdown_timeout=shutdown_timeout_s
+    )
+    await runner.setup()
+    site = FrontSite(runner, host, port, backlog=2048, front_shutdown_timeout_s=shutdown_timeout_s)
+    await site.start()
+    bound = runner.addresses[0][1]
+    return runner, int(bound)
+
+
+#: Young-generation threshold of the cyclic GC while serving (CPython's default is 700).
+GC_GEN0_THRESHOLD = 10_000
+
+
+def tune_gc() -> None:
+    """Make the cyclic garbage collector cheap for a server (the overhead bench: ~10% of
+    the gateway's CPU went to collections). What exists once the gateway has started (the
+    imported modules, config, routing state) lives as long as the process: ``gc.freeze``
+    keeps it out of every later scan. A call allocates a few hundred short-lived containers
+    that reference counting frees anyway, so young collections run less often.
+    """
+    gc.freeze()
+    gen0, gen1, gen2 = gc.get_threshold()
+    gc.set_threshold(max(gen0, GC_GEN0_THRESHOLD), gen1, gen2)
