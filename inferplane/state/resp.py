@@ -161,17 +161,24 @@ class _Connection(asyncio.Protocol):
         self._client = client
         self.transport: asyncio.Transport | None = None
         self.pending: collections.deque[tuple[asyncio.Future[Any], float]] = collections.deque()
-        self._buf = b""
+        self._chunks: list[bytes] = []  # the start of a reply not yet whole
+        self._have = 0  # bytes in _chunks
+        self._need = 0  # bytes the reply needs at least (a long bulk string's whole size)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
 
     def data_received(self, data: bytes) -> None:
-        buf = self._buf + data if self._buf else data
-        pos, size, pending = 0, len(buf), self.pending
+        if self._chunks:  # inside a reply: parse again only once it can be whole
+            self._chunks.append(data)
+            self._have += len(data)
+            if self._have < self._need:
+                return
+            data, self._chunks = b"".join(self._chunks), []
+        pos, size, pending = 0, len(data), self.pending
         try:
             while pos < size:
-                reply, pos = parse_reply(buf, pos)
+                reply, pos = parse_reply(data, pos)
                 if not pending:  # a reply nobody asked for: the stream is out of step
                     self.abort("unexpected reply")
                     return
@@ -183,11 +190,10 @@ class _Connection(asyncio.Protocol):
                 else:
                     fut.set_result(reply)
         except _Incomplete:
-            pass
+            rest = data[pos:]
+            self._chunks, self._have, self._need = [rest], len(rest), _size_hint(rest)
         except ValueError:
             self.abort("malformed reply")
-            return
-        self._buf = buf[pos:] if pos < size else b""
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._fail(f"connection to Redis lost ({exc or 'closed by the server'})")
@@ -335,6 +341,15 @@ class RespClient:
         conn, self._conn = self._conn, None
         if conn is not None and conn.transport is not None:
             conn.transport.close()
+
+
+def _size_hint(head: bytes) -> int:
+    """How many bytes a reply starting with ``head`` needs at least (a bulk string's
+    header tells its length, so a large value is parsed once, not once per chunk)."""
+    end = head.find(b"\r\n")
+    if head[:1] != b"$" or end < 0:
+        return 0
+    return end + 2 + int(head[1:end]) + 2
 
 
 def _retrieve(fut: asyncio.Future[_Connection]) -> None:

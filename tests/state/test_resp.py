@@ -105,9 +105,13 @@ async def test_commands_pipelines_and_transactions_on_real_redis() -> None:
         assert await client.execute("PING") == b"PONG"  # the stream is still in step
         await asyncio.gather(*(client.execute("INCR", key + "c") for _ in range(200)))
         assert await client.execute("GET", key + "c") == b"200"
+        big = bytes(range(256)) * 16_384  # 4 MiB: many reads, one reply
+        await client.execute("SET", key + "big", big, "PX", 60_000)
+        got_big, pong = await client.pipeline([("GET", key + "big"), ("PING",)])
+        assert got_big == big and pong == b"PONG"
         assert client.connects == 1  # one connection served every concurrent caller
     finally:
-        await client.execute("DEL", key, key + "n", key + "c")
+        await client.execute("DEL", key, key + "n", key + "c", key + "big")
         await client.close()
 
 
