@@ -33,7 +33,7 @@ from aiohttp.base_protocol import BaseProtocol
 from aiohttp.tcp_helpers import tcp_nodelay
 from aiohttp.web_server import Server
 
-from inferplane.gateway.server_request import FrontRequest, encode_response, parse_head
+from inferplane.gateway.server_request import FrontRequest, Head, encode_response, parse_head
 
 __all__ = ["FRONT_ROUTES", "FrontRoutes", "FrontSite", "start_server", "tune_gc"]
 
@@ -110,7 +110,8 @@ class FrontProtocol(BaseProtocol):
     def __init__(self, front: Front) -> None:
         super().__init__(front.loop)
         self.front = front
-        self.buf = b""
+        self.buf: bytes | bytearray = b""
+        self._pending: tuple[Head, int] | None = None  # a head whose body is incomplete
         self.request: FrontRequest | None = None  # the one being served
         self._idle_since_s = front.loop.time()
         self._idle: asyncio.TimerHandle | None = None
@@ -131,7 +132,14 @@ class FrontProtocol(BaseProtocol):
             self.request.task.cancel()  # the client left: stop the call (and the engine's)
 
     def data_received(self, data: bytes) -> None:
-        self.buf = self.buf + data if self.buf else data
+        buf = self.buf
+        if not buf:
+            self.buf = data
+        elif isinstance(buf, bytearray):
+            buf += data  # a large body in many pieces: appended, not copied each time
+        else:
+            self.buf = bytearray(buf)
+            self.buf += data
         if self.request is None:
             self._next()
         elif len(self.buf) > self.front.max_body_bytes + MAX_HEAD_BYTES:
@@ -154,19 +162,24 @@ class FrontProtocol(BaseProtocol):
     def _next(self) -> None:
         """Serve the next complete request in the buffer, or wait for more bytes."""
         buf, front = self.buf, self.front
-        end = buf.find(b"\r\n\r\n")
-        if end < 0:
-            if len(buf) > MAX_HEAD_BYTES:
+        pending = self._pending
+        if pending is None:
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                if len(buf) > MAX_HEAD_BYTES:
+                    self._hand_off()
+                return
+            head = parse_head(buf[:end], front.hot_paths)
+            if head is None or (head.content_length or 0) > front.max_body_bytes:
                 self._hand_off()
-            return
-        head = parse_head(buf[:end], front.hot_paths)
-        if head is None or (head.content_length or 0) > front.max_body_bytes:
-            self._hand_off()
-            return
-        size = end + 4 + (head.content_length or 0)
+                return
+            pending = self._pending = (head, end + 4)
+        head, start = pending
+        size = start + (head.content_length or 0)
         if len(buf) < size:
-            return
-        body, self.buf = buf[end + 4 : size], buf[size:]
+            return  # the body is still arriving (its head is kept, not parsed again)
+        self._pending = None
+        body, self.buf = bytes(buf[start:size]), buf[size:]
         front.served += 1
         request = self.request = FrontRequest(front.app, head, body, self)
         request.task = front.loop.create_task(self._serve(request))
@@ -186,9 +199,9 @@ class FrontProtocol(BaseProtocol):
         handler.connection_made(transport)
         if self._reading_paused:
             self.resume_reading()
-        self.buf = b""
+        self.buf, self._pending = b"", None
         if data:
-            handler.data_received(data)
+            handler.data_received(bytes(data))
 
     async def _serve(self, request: FrontRequest) -> None:
         keep_alive = False

@@ -48,7 +48,7 @@ class Head(NamedTuple):
     keep_alive: bool
 
 
-def parse_head(head: bytes, hot_paths: frozenset[str]) -> Head | None:
+def parse_head(head: bytes | bytearray, hot_paths: frozenset[str]) -> Head | None:
     """The head (request line and headers, without the blank line) of a plain hot request,
     or None when aiohttp should have the request (and the connection)."""
     line_end = head.find(b"\r\n")

@@ -185,3 +185,18 @@ async def test_an_app_without_hot_routes_is_plain_aiohttp() -> None:
         writer.close()
     finally:
         await runner.cleanup()
+
+
+async def test_a_body_arriving_in_many_pieces_is_read_whole() -> None:
+    async with _gateway() as (_, front, port):
+        text = "long " * 40_000
+        data = _post(orjson.dumps({"model": "m", "messages": [{"role": "user", "content": text}]}))
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        for i in range(0, len(data), 4096):
+            writer.write(data[i : i + 4096])
+            await writer.drain()
+            await asyncio.sleep(0)
+        status, _, body = await _read_response(reader)
+        assert status == 200 and orjson.loads(body)["usage"]["prompt_tokens"] == 10
+        assert front.served == 1 and front.handed_off == 0
+        writer.close()
