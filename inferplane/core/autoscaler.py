@@ -12,6 +12,12 @@ How the desired size is found:
 * **sense**: the observed demand is tokens per second over the window; a Holt forecaster
   (level plus trend, exponentially smoothed) learns its course. A body that knows more (a
   schedule, a diurnal profile) passes a :class:`Forecast` instead.
+* **surge**: Holt's trend is slow on purpose (noise must not read as growth), so an
+  unannounced burst would be chased one tick at a time, each step a cold start late. When a
+  window's calls exceed the forecast by more than ``surge_z`` Poisson standard deviations
+  (:func:`surge_z`), the rise from the last window is taken as the course of demand and
+  extrapolated over the cold-start horizon (at most ``surge_max_factor`` times the observed
+  rate); the scale-down window then holds what was bought while the surge plays out.
 * **ahead of need**: a new replica takes its cold-start time before it serves, so capacity is
   sized for the peak forecast over ``[now, now + cold start + tick]``, not for now.
 * **detect**: a backlog adds the replicas that drain it within ``backlog_drain_s``; SLO
@@ -46,6 +52,7 @@ __all__ = [
     "ScaleAction",
     "ScaleDecision",
     "ScheduleForecast",
+    "surge_z",
 ]
 
 
@@ -85,6 +92,9 @@ class PoolPolicy:
     scale_down_cooldown_s: float = 120.0
     down_tolerance: float = 0.1
     tick_s: float = 15.0
+    surge_z: float = 3.0  # calls this many Poisson sigmas above the forecast: a surge
+    surge_max_factor: float = 2.5  # a surge extrapolates to at most this x the observed rate
+    surge_windows: int = 4  # windows the surge's slope is fitted over (least squares)
 
     def __post_init__(self) -> None:
         if not self.options:
@@ -95,6 +105,10 @@ class PoolPolicy:
             raise ValueError(f"pool {self.pool!r}: target_utilisation in (0, 1]")
         if any(o.tokens_per_s <= 0 or o.price_per_hour_usd < 0 for o in self.options):
             raise ValueError(f"pool {self.pool!r}: options need tokens_per_s > 0, price >= 0")
+        if self.surge_z <= 0 or self.surge_max_factor < 1 or self.surge_windows < 2:
+            raise ValueError(
+                f"pool {self.pool!r}: need surge_z > 0, surge_max_factor >= 1, surge_windows >= 2"
+            )
 
     def option(self, gpu: str) -> GpuOption | None:
         return next((o for o in self.options if o.gpu == gpu), None)
@@ -153,6 +167,12 @@ class HoltForecast:
         trend = self.beta * (level - self.level) / dt + (1 - self.beta) * self.trend_per_s
         return replace(self, level=max(0.0, level), trend_per_s=trend, at_s=now_s)
 
+    def predict(self, at_s: float) -> float:
+        """The rate expected at ``at_s`` (0 before the first update)."""
+        if self.at_s is None:
+            return 0.0
+        return max(0.0, self.level + self.trend_per_s * (at_s - self.at_s))
+
     def peak_tokens_per_s(self, start_s: float, end_s: float) -> float:
         if self.at_s is None:
             return 0.0
@@ -181,6 +201,7 @@ class _PoolMemory:
     forecast: HoltForecast = field(default_factory=HoltForecast)
     needs: tuple[tuple[float, float], ...] = ()  # (at_s, capacity tokens/s) in the window
     last_up_s: float | None = None
+    rates: tuple[tuple[float, float], ...] = ()  # (at_s, tokens/s) of the last windows
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,10 +265,13 @@ def _decide_pool(
     forecast: Forecast = holt if given is None else given
     current = signal.replicas()
     horizon_s = max(o.cold_start_s for o in policy.options) + policy.tick_s
-    demand = max(signal.tokens_per_s, forecast.peak_tokens_per_s(now, now + horizon_s))
+    surge = _surge_demand(policy, signal, memory, horizon_s)
+    demand = max(signal.tokens_per_s, forecast.peak_tokens_per_s(now, now + horizon_s), surge)
     need = demand / policy.target_utilisation + signal.backlog_tokens / policy.backlog_drain_s
     capacity = _capacity(policy, current)
     reasons = [f"demand {demand:.0f} tok/s (horizon {horizon_s:.0f} s)"]
+    if surge > 0:
+        reasons.append(f"surge: {signal.tokens_per_s:.0f} tok/s rising, {surge:.0f} ahead")
     if signal.backlog_tokens > 0:
         reasons.append(f"backlog {signal.backlog_tokens:.0f} tok")
     hot = capacity > 0 and signal.tokens_per_s > policy.hot_utilisation * capacity
@@ -272,7 +296,53 @@ def _decide_pool(
         need_tokens_per_s=need,
         reason="; ".join(reasons),
     )
-    return decision, _PoolMemory(forecast=holt, needs=needs[-256:], last_up_s=last_up)
+    rates = (*memory.rates, (now, signal.tokens_per_s))[-policy.surge_windows :]
+    return decision, _PoolMemory(holt, needs[-256:], last_up, rates)
+
+
+def surge_z(requests: int, expected_requests: float) -> float:
+    """How far ``requests`` lies above ``expected_requests`` in standard deviations of a
+    Poisson count: ``2 (sqrt(n) - sqrt(expected))``, Anscombe's variance-stabilised form,
+    near normal from a few calls on (the plain ``(n - e) / sqrt(e)`` overstates small counts'
+    upper tail)."""
+    return 2.0 * (math.sqrt(max(0, requests)) - math.sqrt(max(0.0, expected_requests)))
+
+
+def _surge_demand(
+    policy: PoolPolicy, signal: PoolSignal, memory: _PoolMemory, horizon_s: float
+) -> float:
+    """Demand over the horizon when this window is a surge, else 0 (module docstring).
+
+    The window's calls are compared with the calls the forecast expected (its tokens/s at
+    the window's tokens per call, never under its level). A surge fits a line to the rates
+    of the last ``surge_windows`` windows (this one included; least squares, so one noisy
+    window does not make the slope) and extrapolates it from now over the horizon.
+    """
+    if signal.requests <= 0 or not memory.rates or signal.window_s <= 0:
+        return 0.0
+    rate = signal.tokens_per_s
+    per_call = signal.tokens / signal.requests
+    holt = memory.forecast  # a falling trend must not make the expectation undershoot
+    expected = max(holt.level, holt.predict(signal.now_s)) * signal.window_s / per_call
+    if surge_z(signal.requests, expected) < policy.surge_z:
+        return 0.0
+    points = (*memory.rates[-(policy.surge_windows - 1) :], (signal.now_s, rate))
+    level, slope = _line(points, signal.now_s)
+    if slope <= 0:
+        return 0.0
+    return min(rate * policy.surge_max_factor, max(rate, level + slope * horizon_s))
+
+
+def _line(points: Sequence[tuple[float, float]], at_s: float) -> tuple[float, float]:
+    """Least-squares line through ``(t, y)`` points: its value at ``at_s`` and its slope."""
+    n = len(points)
+    mean_t = sum(t for t, _ in points) / n
+    mean_y = sum(y for _, y in points) / n
+    var_t = sum((t - mean_t) ** 2 for t, _ in points)
+    if var_t <= 0:
+        return mean_y, 0.0
+    slope = sum((t - mean_t) * (y - mean_y) for t, y in points) / var_t
+    return mean_y + slope * (at_s - mean_t), slope
 
 
 def _plan(
