@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from peerlib import gateways as gw
 from peerlib import workloads as wl
+from peerlib.breakdown import breakdown, breakdown_lines
 from peerlib.overhead import measure_overhead, overhead_lines
 from peerlib.procs import FleetProc, run_load
 from peerlib.report import not_run_lines, table, target_lines
@@ -49,7 +50,17 @@ def role_fleet(args: argparse.Namespace) -> None:
     """Run the emulated fleet until stdin closes; write the endpoint configs to --out."""
     import asyncio
 
+    import inferplane.engine.server as engine_server
     from inferplane.engine.fleet import EngineSpec, Fleet, new_event_loop
+    from inferplane.engine.profiles import load_profile
+
+    def sized(model: str, gpu: str, tp: int | None = None, **kw: Any) -> Any:
+        # vLLM's --max-num-seqs: EngineConfig has no profile overrides, so the name the
+        # server module bound is patched in this (the fleet's own) process.
+        overrides = {**(kw.get("overrides") or {}), "max_num_seqs": args.max_num_seqs}
+        return load_profile(model, gpu, tp, overrides=overrides)
+
+    setattr(engine_server, "load_profile", sized)  # noqa: B010 (a module attribute, patched)
 
     async def main() -> None:
         spec = EngineSpec(
@@ -114,7 +125,7 @@ def measure_capacity(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             "mode": "closed",
             "urls": [u + "/v1/chat/completions" for u in fleet.urls],
             "bodies": chat_bodies(scale, args.seed),
-            "concurrency": args.capacity_streams,
+            "concurrency": args.capacity_streams or args.max_num_seqs,
             "warmup_s": 5.0,
             "window_s": 10.0,
         }
@@ -125,10 +136,11 @@ def measure_capacity(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 
 def run_cell(
     args: argparse.Namespace, spec: gw.GatewaySpec, workload: wl.Workload, workdir: Path
-) -> Row:
+) -> tuple[Row, dict[str, int]]:
+    """One gateway on one workload: its row and where its offered tasks went."""
     fleet = FleetProc(args, workdir)
     try:
-        running = gw.start(spec, fleet.endpoints, workdir)
+        running = gw.start(spec, fleet.endpoints, workdir, max_num_seqs=args.max_num_seqs)
         try:
             drain_s = 10.0 if args.quick else 20.0
             load = {
@@ -159,13 +171,14 @@ def run_cell(
         args.time_scale,
     )
     row = summarize(info, result, prefix)
+    outcomes = breakdown(result, len(workload.tasks))
     print(
         f"  {spec.label:<28} goodput {row.goodput_tasks_s:6.2f}/s  ok {row.calls_ok}/{row.calls}"
-        f"  ttft p90 {row.ttft_p90_s}  hit {row.prefix_hit_rate}",
+        f"  ttft p90 {row.ttft_p90_s}  hit {row.prefix_hit_rate}  {outcomes}",
         file=sys.stderr,
         flush=True,
     )
-    return row
+    return row, outcomes
 
 
 def install_all(specs: list[gw.GatewaySpec]) -> dict[str, str]:
@@ -281,11 +294,14 @@ def orchestrate(args: argparse.Namespace) -> None:
         workload = wl.build(kind, scale, args.seed)
         print(f"{kind}: {len(workload.tasks)} tasks", file=sys.stderr, flush=True)
         rows: list[Row] = []
+        outcomes: list[tuple[str, dict[str, int]]] = []
         for spec in specs:
             if spec.label in not_run:
                 continue
             try:
-                rows.append(run_cell(args, spec, workload, workdir))
+                row, counts = run_cell(args, spec, workload, workdir)
+                rows.append(row)
+                outcomes.append((spec.label, counts))
             except gw.PeerUnavailable as exc:
                 not_run[spec.label] = str(exc)
                 print(f"not run: {spec.label}: {exc}", file=sys.stderr, flush=True)
@@ -294,6 +310,7 @@ def orchestrate(args: argparse.Namespace) -> None:
             "tasks": len(workload.tasks),
             "calls": sum(len(t.calls) for t in workload.tasks),
             "rows": [r.to_json() for r in rows],
+            "outcomes": dict(outcomes),
         }
         lines += [
             "",
@@ -302,6 +319,10 @@ def orchestrate(args: argparse.Namespace) -> None:
             *table(rows),
             "",
             *target_lines(str(kind), rows),
+            "",
+            "Where the offered tasks went (bench/peerlib/breakdown.py):",
+            "",
+            *breakdown_lines(outcomes),
         ]
     if not args.skip_overhead:
         doc["overhead"] = measure_overhead(args, specs, not_run, workdir)
@@ -335,7 +356,20 @@ def main() -> None:
     p.add_argument("--engines", type=int, default=8)
     p.add_argument("--time-scale", type=float, default=10.0)
     p.add_argument("--duration-s", type=float, default=None)
-    p.add_argument("--capacity-streams", type=int, default=24)
+    p.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=16,
+        help="batch slots per engine (vLLM's --max-num-seqs); small, so that the fleet "
+        "saturates at a token rate this machine's CPUs can stream through every gateway",
+    )
+    p.add_argument(
+        "--capacity-streams",
+        type=int,
+        default=None,
+        help="closed-loop streams per engine of the capacity probe (default: --max-num-seqs, "
+        "every slot busy and none queued)",
+    )
     p.add_argument("--skip-overhead", action="store_true")
     p.add_argument("--tag", default="", help="suffix of the result files (peers-<date><tag>)")
     args = p.parse_args()

@@ -112,7 +112,11 @@ def venv_python(kind: GatewayKind) -> Path:
 
 
 def _inferplane_cmd(
-    engines: list[dict[str, Any]], port: int, workdir: Path, variant: str | None = None
+    engines: list[dict[str, Any]],
+    port: int,
+    workdir: Path,
+    variant: str | None = None,
+    max_num_seqs: int | None = None,
 ) -> list[str]:
     # Defaults, except health checks as bench/routing.py sets them for this rig: the
     # emulated engines share 2 starved CPUs with the gateway and the client, so their
@@ -128,13 +132,18 @@ def _inferplane_cmd(
     }
     cfg: dict[str, Any] = {"gateway": gateway, "endpoints": engines}
     # A variant is a diagnostic row, never the scoreboard's: "weights.kv_cache=8" (routing
-    # scorer weights, "+"-joined) or "speculative_ttl_s=30" (a prefix-index knob).
-    head = ["-m", "inferplane.cli"]
+    # scorer weights, "+"-joined) or "speculative_ttl_s=30" (a prefix-index knob). The
+    # engines' batch slots (max_num_seqs) reach the gateway's priors through the same
+    # wrapper (the fleet config has no field for an emulated engine's profile overrides).
+    knobs: list[str] = [] if max_num_seqs is None else [f"max_num_seqs={max_num_seqs}"]
     if variant is not None and variant.startswith("weights."):
         pairs = (item.removeprefix("weights.").split("=") for item in variant.split("+"))
         cfg["routing"] = {"weights": {axis: float(value) for axis, value in pairs}}
     elif variant is not None:
-        head = [str(Path(__file__).with_name("inferplane_variant.py")), variant]
+        knobs.append(variant)
+    head = ["-m", "inferplane.cli"]
+    if knobs:
+        head = [str(Path(__file__).with_name("inferplane_variant.py")), "+".join(knobs)]
     path = workdir / "inferplane.yaml"
     path.write_text(json.dumps(cfg, indent=1))  # JSON is YAML
     return [
@@ -302,9 +311,16 @@ def _wait_serving(run: Running, model: str, timeout_s: float) -> None:
 
 
 def start(
-    spec: GatewaySpec, engines: list[dict[str, Any]], workdir: Path, model: str = "llama-3-8b"
+    spec: GatewaySpec,
+    engines: list[dict[str, Any]],
+    workdir: Path,
+    model: str = "llama-3-8b",
+    max_num_seqs: int | None = None,
 ) -> Running:
-    """Start ``spec`` in front of ``engines`` (endpoint configs); wait until it is healthy."""
+    """Start ``spec`` in front of ``engines`` (endpoint configs); wait until it is healthy.
+
+    ``max_num_seqs``: the engines' batch slots when not their profile's (inferplane's
+    latency priors need it; the peers learn nothing of it)."""
     python = venv_python(spec.kind)
     port = free_port()
     urls = [e["url"] for e in engines]
@@ -312,7 +328,7 @@ def start(
     env = dict(os.environ)
     api_key: str | None = None
     if spec.kind is GatewayKind.INFERPLANE:
-        cmd = _inferplane_cmd(engines, port, workdir, spec.policy)
+        cmd = _inferplane_cmd(engines, port, workdir, spec.policy, max_num_seqs)
         health = f"{base}/ready"
     elif spec.kind is GatewayKind.LITELLM:
         cmd, health = _litellm_cmd(python, urls, port, workdir), f"{base}/health/liveliness"

@@ -195,6 +195,7 @@ async def _call(
             broken,
             att.timed_out,
             round(att.max_gap_s, 4),
+            deadline,
         ]
     )
     return ok and e2e <= deadline, att.text
@@ -215,6 +216,7 @@ RECORD_FIELDS = (
     "broken",
     "timed_out",
     "max_gap_s",
+    "deadline_s",
 )
 
 

@@ -38,6 +38,8 @@ class FleetProc:
             str(args.time_scale),
             "--seed",
             str(args.seed),
+            "--max-num-seqs",
+            str(args.max_num_seqs),
         ]
         log = (gw.LOGS / "fleet.log").open("ab")
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=log, stderr=log)

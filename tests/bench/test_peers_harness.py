@@ -124,6 +124,7 @@ def _record(
         "broken": broken,
         "timed_out": False,
         "max_gap_s": 0.01,
+        "deadline_s": 2.0,
     }
     return [values[f] for f in RECORD_FIELDS]
 
@@ -218,3 +219,45 @@ def test_inferplane_variant_rows_change_only_the_named_knob(tmp_path: Path) -> N
     assert weights == {"kv_cache": 12.0, "load": 0.5}
     ttl = gw._inferplane_cmd(engines, 9000, tmp_path, "speculative_ttl_s=30")
     assert ttl[1].endswith("inferplane_variant.py") and ttl[2] == "speculative_ttl_s=30"
+    both = gw._inferplane_cmd(engines, 9000, tmp_path, "speculative_ttl_s=30", max_num_seqs=16)
+    assert both[2] == "max_num_seqs=16+speculative_ttl_s=30"
+    slots = gw._inferplane_cmd(engines, 9000, tmp_path, max_num_seqs=16)
+    assert slots[1].endswith("inferplane_variant.py") and slots[2:4] == ["max_num_seqs=16", "serve"]
+
+
+def test_variant_knobs_parse_and_reject_unknown_names() -> None:
+    from peerlib.inferplane_variant import parse_knobs
+
+    assert parse_knobs("max_num_seqs=16+speculative_ttl_s=30") == {
+        "max_num_seqs": 16.0,
+        "speculative_ttl_s": 30.0,
+    }
+    with pytest.raises(SystemExit):
+        parse_knobs("max_batch=3")
+
+
+def test_breakdown_puts_every_offered_task_in_one_outcome() -> None:
+    from peerlib.breakdown import OUTCOMES, breakdown, by_priority
+
+    def late(task: str, **kw: Any) -> list[Any]:
+        rec = dict(zip(RECORD_FIELDS, _record(task, **kw), strict=True))
+        rec["in_deadline"] = False
+        return [rec[f] for f in RECORD_FIELDS]
+
+    result = _result()
+    result["records"] += [
+        late("q", ttft=1.5, e2e=3.0),  # waited 1.5 s of a 2 s deadline for its first token
+        late("s", ttft=0.2, e2e=3.0),  # started in time, decoded too slowly
+        late("r", ttft=0.2, e2e=3.0, attempts=2),
+    ]
+    result["tasks"] += [[t, "chat", "sheddable", False] for t in ("q", "s", "r")]
+    counts = breakdown(result, tasks_offered=8)
+    assert set(counts) == set(OUTCOMES) and sum(counts.values()) == 8
+    assert counts["ok"] == 2 and counts["429"] == 1 and counts["broken"] == 1
+    assert (counts["late, queued"], counts["late, slow decode"], counts["late, retried"]) == (
+        1,
+        1,
+        1,
+    )
+    assert counts["cut off"] == 1  # offered but never reported by the load generator
+    assert by_priority(result) == {"standard": (2, 4), "sheddable": (0, 3)}
