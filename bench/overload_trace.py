@@ -61,15 +61,32 @@ def critical_misses(
     for r in records:
         if r.priority is not PriorityClass.CRITICAL or r.finish_s is None or meets_slo(r, slo):
             continue
+        got = tries.get(r.call_id, [])
         out.append({
             "call_id": r.call_id, "arrival_s": _r(r.arrival_s), "outcome": r.outcome.value,
+            "cause": _cause(got[0] if got else None, slo),
             "ttft_s": _r(r.ttft_s), "e2e_s": _r(r.e2e_s), "prompt_tokens": r.prompt_tokens,
             "max_tokens": r.completion_tokens or None,
-            "attempts": [t.row(r.arrival_s) for t in tries.get(r.call_id, [])],
+            "attempts": [t.row(r.arrival_s) for t in got],
         })  # fmt: skip
         if len(out) >= 50:
             break
     return out
+
+
+def _cause(first: Try | None, slo: Slo) -> str:
+    """Why the call's first attempt missed: where its time went."""
+    if first is None:
+        return "never sent"
+    if first.status != 200:
+        return f"refused ({first.reason or first.status})"
+    if first.first_s is None:
+        return f"no first token ({first.reason})"
+    gateway = (first.headers_s or first.sent_s) - first.sent_s
+    engine = first.first_s - (first.headers_s or first.sent_s)
+    if slo.ttft_s is not None and gateway + engine > slo.ttft_s:
+        return "late first token: " + ("gateway queue" if gateway > engine else "engine queue")
+    return "slow decode (deadline)" if first.reason else "slow decode"
 
 
 def critical_split(records: list[CallRecord], tries: dict[int, list[Try]]) -> dict[str, Any]:
