@@ -13,8 +13,10 @@ Two workloads through the gateway's :class:`ResponseCache` (in process, no HTTP)
 Plus, on this CPU (``bench/cache_latency.py``): the embedding cost per request (all-MiniLM-L6-v2,
 one sentence per call as the gateway embeds; the plain ``transformers`` reference and the fast
 path, interleaved), the nearest-neighbour step, and the whole semantic lookup at 10,000 cached
-entries (target p99 < 10 ms), alone and 8 at a time with and without micro-batching. The FAQ
-workload runs with both embedders, so any change in hit or false-hit rate shows.
+entries (target p99 < 10 ms), alone and 8 at a time with and without micro-batching; where the
+nearest-neighbour scan runs (embedding worker vs event loop, idle and busy loop) and the cost of
+the hop itself. The opt-in bfloat16 embedder is timed too where the CPU has native bfloat16. The
+FAQ workload runs with every embedder, so any change in hit or false-hit rate shows.
 Usage: ``python bench/cache.py [--quick] [--no-redis] [--variants]``; results go to
 bench/results/cache.json.
 """
@@ -37,6 +39,7 @@ from cache_faq import DISTRACTORS, FAQ  # beside this script
 
 from inferplane.cache.embedder import Embedder
 from inferplane.cache.embedder_reference import ReferenceMiniLmEmbedder
+from inferplane.cache.minilm import bf16_gemm_available
 from inferplane.core.cache_config import (
     CacheBackendKind,
     CacheConfig,
@@ -255,6 +258,7 @@ def print_latency(result: dict[str, Any]) -> None:
         print(f"| {r['embedder']} | {r['clients']} | {r['max_batch']} | {r['p50']:.2f} | "
               f"{r['p99']:.2f} | {r.get('lookups_per_s', 0):.0f} | "
               f"{r.get('mean_batch', 1):.1f} | {verdict} |")  # fmt: skip
+    lat.print_scan_placement(result["scan_placement"])
 
 
 def print_report(result: dict[str, Any]) -> None:
@@ -285,6 +289,9 @@ async def measure_latency(args: argparse.Namespace, reference: Embedder) -> dict
         "reference (transformers fp32)": (reference, 1),
         f"fast ({fast.description})": (fast, 1),
     }
+    bf16 = lat.fast_embedder(precision="bf16") if bf16_gemm_available() else None
+    if bf16 is not None:
+        variants["fast, bf16 (opt-in)"] = (bf16, 1)
     if args.variants:
         variants["fast, fp32 weights"] = (lat.fast_embedder(precision="fp32"), 1)
         variants["fast, int8 (opt-in, lossy)"] = (lat.fast_embedder(precision="int8"), 1)
@@ -305,6 +312,8 @@ async def measure_latency(args: argparse.Namespace, reference: Embedder) -> dict
         r = await lat.concurrent_lookups(fast, chat, ctx_for, 10_000, clients, max_batch)
         lookups.append({"embedder": "fast", "clients": clients, "max_batch": max_batch, **r})
     out["lookup_ms"] = lookups
+    placed = {"fast (fp16 weights)": fast, **({"bf16 (opt-in)": bf16} if bf16 else {})}
+    out["scan_placement"] = await lat.scan_placement(placed, chat, ctx_for, 10_000, repeats)
     return out
 
 
@@ -328,6 +337,8 @@ async def main() -> None:
     embedders: list[tuple[str, Embedder]] = [
         ("reference embedder", reference), ("fast embedder", lat.fast_embedder())
     ]  # fmt: skip
+    if bf16_gemm_available():
+        embedders.append(("bf16 embedder, opt-in", lat.fast_embedder(precision="bf16")))
     if args.variants:
         embedders.append(("int8 embedder, opt-in", lat.fast_embedder(precision="int8")))
     for name, model in embedders:

@@ -10,13 +10,23 @@
   tenant and context), one request at a time, memo off (every text new to the model).
 - *Concurrent lookups*: the same, N at a time, to show micro-batching (per-request latency
   and throughput, with and without batching).
+- *Where the scan runs*: the whole lookup as now (the caller's own task hands the embedding
+  and the nearest-neighbour scan to the worker: one hop) against the earlier design (through
+  the batcher's drain task, the scan on the event loop once the vector is back), interleaved
+  text by text, on an idle loop and on a loop kept ~50% busy by
+  another task (0.5 ms of Python, then 0.5 ms asleep, as other requests would). Reports wall
+  times and the event loop's own CPU per lookup (what the lookup takes from other requests).
+- *The hop*: handing a no-op to the embedding worker and back, idle and busy loop, the
+  batcher's own thread against asyncio's shared default pool.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -64,13 +74,14 @@ def embedding_variants(
 
 
 def filled_cache(
-    embedder: Embedder, chat: Chat, rows: int, tenant: str, **cfg: Any
-) -> ResponseCache:
+    embedder: Embedder, chat: Chat, rows: int, tenant: str, one_hop: bool = True,
+    **cfg: Any,
+) -> ResponseCache:  # fmt: skip
     """A semantic cache whose tenant already holds ``rows`` entries in the probes' context."""
     route = CacheRouteConfig(semantic=SemanticRouteConfig(enabled=True, threshold=0.99))
     config = CacheConfig(default=route, semantic_max_entries_per_tenant=rows,
                          semantic_max_rows=rows, **cfg)  # fmt: skip
-    cache = ResponseCache(config, time.monotonic, embedder=embedder)
+    cache = ResponseCache(config, time.monotonic, embedder=embedder, one_hop=one_hop)
     body = chat("anything")
     query, _ = semantic_query(route, tenant, body["model"], "/v1/chat/completions", body)
     assert query is not None
@@ -130,3 +141,108 @@ def fast_embedder(**kwargs: Any) -> MiniLmEmbedder:
     model = MiniLmEmbedder(num_threads=1, **kwargs)
     model.load()
     return model
+
+
+@contextlib.asynccontextmanager
+async def busy_loop(busy: bool, chunk_s: float = 0.0005) -> AsyncIterator[None]:
+    """While inside: another task keeps the event loop ~50% busy (spin, then sleep)."""
+
+    async def spin() -> None:
+        while True:
+            end = time.perf_counter() + chunk_s
+            while time.perf_counter() < end:
+                pass
+            await asyncio.sleep(chunk_s)
+
+    task = asyncio.create_task(spin()) if busy else None
+    try:
+        yield
+    finally:
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+async def lookup_paths(
+    embedder: Embedder, chat: Chat, ctx_for: Callable[..., Any], rows: int, repeats: int,
+    busy: bool,
+) -> dict[str, dict[str, float]]:  # fmt: skip
+    """Whole lookups, scan in the worker vs on the loop, interleaved; wall and loop-CPU ms."""
+    paths = {
+        "one hop: scan in the worker (now)": True,
+        "drain task, scan on the loop (before)": False,
+    }
+    caches = {name: filled_cache(embedder, chat, rows, "big", one_hop=w,
+                                 semantic_memo_entries=0) for name, w in paths.items()}  # fmt: skip
+    for cache in caches.values():
+        await cache.warm()
+    wall: dict[str, list[float]] = {name: [] for name in paths}
+    loop_cpu: dict[str, list[float]] = {name: [] for name in paths}
+    async with busy_loop(busy):
+        for i in range(repeats):
+            for text in TEXTS:
+                body = chat(text)
+                order = list(caches.items())
+                for name, cache in order if i % 2 == 0 else order[::-1]:
+                    start, start_cpu = time.perf_counter(), time.thread_time()
+                    found = await cache.lookup(ctx_for("big", body), body, {})
+                    loop_cpu[name].append(1e3 * (time.thread_time() - start_cpu))
+                    wall[name].append(1e3 * (time.perf_counter() - start))
+                    assert found.status.value == "miss"
+    for cache in caches.values():
+        await cache.close()
+    out = {name: summary(wall[name]) for name in paths}
+    for name in paths:  # on a busy loop this also counts the spinning task's share
+        out[name]["loop_cpu_p50"] = float(np.percentile(loop_cpu[name], 50))
+    return out
+
+
+async def hop_ms(busy: bool, repeats: int) -> dict[str, dict[str, float]]:
+    """A no-op to a worker thread and back: the batcher's own thread vs asyncio.to_thread."""
+    own = ThreadPoolExecutor(max_workers=1)
+    loop = asyncio.get_running_loop()
+    times: dict[str, list[float]] = {"own thread": [], "asyncio.to_thread": []}
+    async with busy_loop(busy):
+        for _ in range(repeats):
+            start = time.perf_counter()
+            await loop.run_in_executor(own, int)
+            times["own thread"].append(1e3 * (time.perf_counter() - start))
+            start = time.perf_counter()
+            await asyncio.to_thread(int)
+            times["asyncio.to_thread"].append(1e3 * (time.perf_counter() - start))
+    own.shutdown()
+    return {name: summary(t) for name, t in times.items()}
+
+
+async def scan_placement(
+    embedders: dict[str, Embedder], chat: Chat, ctx_for: Callable[..., Any], rows: int,
+    repeats: int,
+) -> dict[str, Any]:  # fmt: skip
+    """Paths x embedders x idle/busy loop, plus the hop alone."""
+    paths: list[dict[str, Any]] = []
+    for busy in (False, True):
+        for name, model in embedders.items():
+            found = await lookup_paths(model, chat, ctx_for, rows, repeats, busy)
+            for path, r in found.items():
+                paths.append({"embedder": name, "loop": "busy" if busy else "idle",
+                              "path": path, **r})  # fmt: skip
+    hops = {("busy" if busy else "idle"): await hop_ms(busy, 150 * repeats)
+            for busy in (False, True)}  # fmt: skip
+    return {"rows": rows, "paths": paths, "hop_ms": hops}
+
+
+def print_scan_placement(result: dict[str, Any]) -> None:
+    print(f"\n## Where the scan runs: whole lookup at {result['rows']:,} entries, interleaved "
+          "(ms; loop CPU = the event loop's own CPU per lookup)")  # fmt: skip
+    print("| embedder | loop | path | p50 | p99 | loop CPU p50 | target p99 < 10 |")
+    print("|---|---|---|---|---|---|---|")
+    for r in result["paths"]:
+        verdict = "PASS" if r["p99"] < 10.0 else "MISS"
+        print(f"| {r['embedder']} | {r['loop']} | {r['path']} | {r['p50']:.2f} | "
+              f"{r['p99']:.2f} | {r['loop_cpu_p50']:.2f} | {verdict} |")  # fmt: skip
+    print("\n| hop to a worker and back | loop | p50 | p99 |")
+    print("|---|---|---|---|")
+    for loop, hops in result["hop_ms"].items():
+        for name, h in hops.items():
+            print(f"| {name} | {loop} | {h['p50']:.3f} | {h['p99']:.3f} |")

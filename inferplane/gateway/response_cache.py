@@ -148,12 +148,13 @@ class ResponseCache:
         backend: CacheBackend | None = None,
         embedder: Embedder | None = None,
         hasher: Hasher = sha256_hex,
-        scan_in_worker: bool = True,
+        one_hop: bool = True,
     ) -> None:
-        """``scan_in_worker`` False scans the index on the event loop after the embedding
-        returns (the earlier design, kept for ``bench/cache.py`` to compare)."""
+        """``one_hop`` False is the earlier design, kept for ``bench/cache.py`` to compare:
+        the embedding goes through the batcher's drain task and the index is scanned on the
+        event loop once it returns."""
         self.config = config
-        self.scan_in_worker = scan_in_worker
+        self.one_hop = one_hop
         self._clock = clock
         self.backend = backend if backend is not None else build_backend(config, clock)
         self._embedder = embedder
@@ -176,6 +177,7 @@ class ResponseCache:
                 self.config.semantic_memo_entries,
                 self.config.semantic_max_batch,
                 self.config.semantic_batch_window_s,
+                lead=self.one_hop,
             )
         if self._index is None:
             self._index = SemanticIndex(
@@ -238,7 +240,7 @@ class ResponseCache:
         assert found.query is not None
         batcher, index = self._semantic()
         view = index.view(found.tenant, found.query.context_hash) if read else None
-        if view is None or not self.scan_in_worker:
+        if view is None or not self.one_hop:
             found.vector = await batcher.embed(found.query.text, found.tenant)
             if read:
                 near = index.nearest(

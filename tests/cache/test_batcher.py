@@ -178,3 +178,19 @@ async def test_a_failing_then_reaches_only_its_caller() -> None:
     vector, total = await good
     assert model.calls[1] == ["a", "b"] and total == pytest.approx(float(vector.sum()))
     assert np.array_equal(await batcher.embed("a"), vector_of("a"))  # its vector was kept
+
+
+async def test_a_lone_request_runs_from_its_own_task_and_a_cancelled_leader_hands_on() -> None:
+    model = GatedEmbedder(hold_first=True)
+    batcher = EmbeddingBatcher(model)
+    leader = asyncio.create_task(batcher.embed("lead"))
+    await wait_entered(model)
+    assert batcher._worker is leader  # no drain task: the caller's own task runs its batch
+    follower = asyncio.create_task(batcher.embed("follow"))
+    await asyncio.sleep(0)
+    leader.cancel()
+    await asyncio.sleep(0)
+    model.release.set()
+    assert np.array_equal(await follower, vector_of("follow"))
+    assert leader.cancelled() and model.calls == [["lead"], ["follow"]]
+    assert np.array_equal(await batcher.embed("after"), vector_of("after"))

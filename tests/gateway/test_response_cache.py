@@ -250,7 +250,7 @@ async def test_semantic_hit_for_a_paraphrase_within_the_tenant_only() -> None:
 async def test_scanning_in_the_embedding_worker_serves_what_a_scan_on_the_loop_serves() -> None:
     route = CacheRouteConfig(semantic=SemanticRouteConfig(enabled=True, threshold=0.6))
     config = CacheConfig(default=route, semantic_memo_entries=0, semantic_max_entries_per_tenant=3)
-    caches = [new_cache(config, embedder=WordsEmbedder(), scan_in_worker=w) for w in (True, False)]
+    caches = [new_cache(config, embedder=WordsEmbedder(), one_hop=w) for w in (True, False)]
     asks = [("a", "reset my password"), ("a", "reset my password please"),
             ("b", "reset my password please"), ("a", "refund policy"),
             ("a", "the refund policy"), ("a", "shipping to mars"), ("a", "my password reset"),
