@@ -72,8 +72,11 @@ class PoolSensor:
         starting: Mapping[str, int] | None = None,
         backlog_tokens: float = 0.0,
         default_window_s: float = 15.0,
+        *,
+        restart: bool = True,
     ) -> PoolSignal:
-        """The window ending at ``now_s`` as a signal; the next window starts now."""
+        """The window ending at ``now_s`` as a signal; the next window starts now (unless
+        ``restart`` is False: a look at a window not yet due, which keeps counting)."""
         window = self._window(pool)
         started = window.started_s
         window_s = default_window_s if started is None else max(1e-9, now_s - started)
@@ -89,5 +92,6 @@ class PoolSensor:
             serving=dict(serving),
             starting=dict(starting or {}),
         )
-        self._windows[pool] = _Window(started_s=now_s)
+        if restart:
+            self._windows[pool] = _Window(started_s=now_s)
         return out

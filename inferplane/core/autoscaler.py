@@ -12,12 +12,11 @@ How the desired size is found:
 * **sense**: the observed demand is tokens per second over the window; a Holt forecaster
   (level plus trend, exponentially smoothed) learns its course. A body that knows more (a
   schedule, a diurnal profile) passes a :class:`Forecast` instead.
-* **surge**: Holt's trend is slow on purpose (noise must not read as growth), so an
-  unannounced burst would be chased one tick at a time, each step a cold start late. When a
-  window's calls exceed the forecast by more than ``surge_z`` Poisson standard deviations
-  (:func:`surge_z`), the rise from the last window is taken as the course of demand and
-  extrapolated over the cold-start horizon (at most ``surge_max_factor`` times the observed
-  rate); the scale-down window then holds what was bought while the surge plays out.
+* **surge**: a window whose calls exceed the forecast by more than ``surge_z`` Poisson
+  standard deviations is a burst: the rise of the last windows is extrapolated over the
+  cold-start horizon (:mod:`inferplane.core.autoscale_surge`); the scale-down window then
+  holds what was bought while the surge plays out. :meth:`Autoscaler.surging` lets a body
+  check a window before its tick is due (at ``early_surge_z``) and tick at once.
 * **ahead of need**: a new replica takes its cold-start time before it serves, so capacity is
   sized for the peak forecast over ``[now, now + cold start + tick]``, not for now.
 * **detect**: a backlog adds the replicas that drain it within ``backlog_drain_s``; SLO
@@ -41,6 +40,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
+from inferplane.core.autoscale_surge import surge_rate
+
 __all__ = [
     "Autoscaler",
     "AutoscalerState",
@@ -52,7 +53,6 @@ __all__ = [
     "ScaleAction",
     "ScaleDecision",
     "ScheduleForecast",
-    "surge_z",
 ]
 
 
@@ -93,8 +93,9 @@ class PoolPolicy:
     down_tolerance: float = 0.1
     tick_s: float = 15.0
     surge_z: float = 3.0  # calls this many Poisson sigmas above the forecast: a surge
-    surge_max_factor: float = 2.5  # a surge extrapolates to at most this x the observed rate
+    surge_max_factor: float = 2.0  # a surge extrapolates to at most this x the observed rate
     surge_windows: int = 4  # windows the surge's slope is fitted over (least squares)
+    early_surge_z: float = 3.5  # a window not yet due this far over the forecast: tick now
 
     def __post_init__(self) -> None:
         if not self.options:
@@ -105,10 +106,10 @@ class PoolPolicy:
             raise ValueError(f"pool {self.pool!r}: target_utilisation in (0, 1]")
         if any(o.tokens_per_s <= 0 or o.price_per_hour_usd < 0 for o in self.options):
             raise ValueError(f"pool {self.pool!r}: options need tokens_per_s > 0, price >= 0")
-        if self.surge_z <= 0 or self.surge_max_factor < 1 or self.surge_windows < 2:
-            raise ValueError(
-                f"pool {self.pool!r}: need surge_z > 0, surge_max_factor >= 1, surge_windows >= 2"
-            )
+        if min(self.surge_z, self.early_surge_z) <= 0 or self.surge_max_factor < 1:
+            raise ValueError(f"pool {self.pool!r}: need surge z > 0, surge_max_factor >= 1")
+        if self.surge_windows < 2:
+            raise ValueError(f"pool {self.pool!r}: surge_windows >= 2")
 
     def option(self, gpu: str) -> GpuOption | None:
         return next((o for o in self.options if o.gpu == gpu), None)
@@ -256,6 +257,20 @@ class Autoscaler:
             decisions.append(decision)
         return decisions, AutoscalerState(pools)
 
+    def surging(self, signal: PoolSignal, state: AutoscalerState) -> bool:
+        """Whether ``signal``, a window not yet due (the calls since the last tick), is
+        already a surge at the policy's ``early_surge_z``: the body may decide now."""
+        policy = self.policies.get(signal.pool)
+        memory = state.pools.get(signal.pool)
+        if policy is None or memory is None:
+            return False
+        z = policy.early_surge_z
+        return _surge_demand(policy, signal, memory, _horizon_s(policy), z) > 0
+
+
+def _horizon_s(policy: PoolPolicy) -> float:
+    return max(o.cold_start_s for o in policy.options) + policy.tick_s
+
 
 def _decide_pool(
     policy: PoolPolicy, signal: PoolSignal, memory: _PoolMemory, given: Forecast | None
@@ -264,8 +279,8 @@ def _decide_pool(
     holt = memory.forecast.update(signal.tokens_per_s, now)
     forecast: Forecast = holt if given is None else given
     current = signal.replicas()
-    horizon_s = max(o.cold_start_s for o in policy.options) + policy.tick_s
-    surge = _surge_demand(policy, signal, memory, horizon_s)
+    horizon_s = _horizon_s(policy)
+    surge = _surge_demand(policy, signal, memory, horizon_s, policy.surge_z)
     demand = max(signal.tokens_per_s, forecast.peak_tokens_per_s(now, now + horizon_s), surge)
     need = demand / policy.target_utilisation + signal.backlog_tokens / policy.backlog_drain_s
     capacity = _capacity(policy, current)
@@ -300,49 +315,25 @@ def _decide_pool(
     return decision, _PoolMemory(holt, needs[-256:], last_up, rates)
 
 
-def surge_z(requests: int, expected_requests: float) -> float:
-    """How far ``requests`` lies above ``expected_requests`` in standard deviations of a
-    Poisson count: ``2 (sqrt(n) - sqrt(expected))``, Anscombe's variance-stabilised form,
-    near normal from a few calls on (the plain ``(n - e) / sqrt(e)`` overstates small counts'
-    upper tail)."""
-    return 2.0 * (math.sqrt(max(0, requests)) - math.sqrt(max(0.0, expected_requests)))
-
-
 def _surge_demand(
-    policy: PoolPolicy, signal: PoolSignal, memory: _PoolMemory, horizon_s: float
+    policy: PoolPolicy, signal: PoolSignal, memory: _PoolMemory, horizon_s: float, z: float
 ) -> float:
-    """Demand over the horizon when this window is a surge, else 0 (module docstring).
+    """Demand over the horizon when this window is a surge at ``z``, else 0.
 
-    The window's calls are compared with the calls the forecast expected (its tokens/s at
-    the window's tokens per call, never under its level). A surge fits a line to the rates
-    of the last ``surge_windows`` windows (this one included; least squares, so one noisy
-    window does not make the slope) and extrapolates it from now over the horizon.
-    """
-    if signal.requests <= 0 or not memory.rates or signal.window_s <= 0:
-        return 0.0
-    rate = signal.tokens_per_s
-    per_call = signal.tokens / signal.requests
-    holt = memory.forecast  # a falling trend must not make the expectation undershoot
-    expected = max(holt.level, holt.predict(signal.now_s)) * signal.window_s / per_call
-    if surge_z(signal.requests, expected) < policy.surge_z:
-        return 0.0
-    points = (*memory.rates[-(policy.surge_windows - 1) :], (signal.now_s, rate))
-    level, slope = _line(points, signal.now_s)
-    if slope <= 0:
-        return 0.0
-    return min(rate * policy.surge_max_factor, max(rate, level + slope * horizon_s))
-
-
-def _line(points: Sequence[tuple[float, float]], at_s: float) -> tuple[float, float]:
-    """Least-squares line through ``(t, y)`` points: its value at ``at_s`` and its slope."""
-    n = len(points)
-    mean_t = sum(t for t, _ in points) / n
-    mean_y = sum(y for _, y in points) / n
-    var_t = sum((t - mean_t) ** 2 for t, _ in points)
-    if var_t <= 0:
-        return mean_y, 0.0
-    slope = sum((t - mean_t) * (y - mean_y) for t, y in points) / var_t
-    return mean_y + slope * (at_s - mean_t), slope
+    Expected: the forecast's rate over the window (never under its level: a falling trend
+    must not make the expectation undershoot); the fit takes the last ``surge_windows``."""
+    holt = memory.forecast
+    return surge_rate(
+        requests=signal.requests,
+        tokens=signal.tokens,
+        window_s=signal.window_s,
+        now_s=signal.now_s,
+        expected_tokens_per_s=max(holt.level, holt.predict(signal.now_s)),
+        recent=memory.rates[-(policy.surge_windows - 1) :],
+        horizon_s=horizon_s,
+        z=z,
+        max_factor=policy.surge_max_factor,
+    )
 
 
 def _plan(

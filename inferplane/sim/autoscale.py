@@ -10,6 +10,10 @@ The simulator drives the same loop as the gateway. Every ``tick_s`` of the fleet
   :class:`PoolSensor` the runner feeds), the backlog (calls queued at the admission gate plus
   the engines' scraped waiting counts, at the mean work per call) and the replicas by GPU
   type and state;
+* **watches** between ticks: every ``WATCH_S`` the window so far is checked for a surge
+  (:meth:`~inferplane.core.autoscaler.Autoscaler.surging`); one that shows one ticks at once
+  and restarts the period (once per period), so a burst seen two seconds in does not wait
+  out the tick;
 * **decides** with the pure :class:`~inferplane.core.autoscaler.Autoscaler` (or, for
   comparison, :class:`QueueRule`: production-stack's KEDA rule on waiting calls, as an HPA
   evaluates it);
@@ -37,6 +41,7 @@ from inferplane.core.autoscaler import (
     AutoscalerState,
     Forecast,
     PoolPolicy,
+    PoolSignal,
     ScaleDecision,
 )
 from inferplane.core.types import EndpointView
@@ -64,6 +69,9 @@ __all__ = [
 #: Tokens one waiting call stands for before any call has been seen (the gateway's figure).
 DEFAULT_TOKENS_PER_CALL = 1000.0
 
+#: How often the loop looks at the window so far for a surge (inferplane's loop only).
+WATCH_S = 1.0
+
 
 class ScalePolicy(enum.Enum):
     """Who sizes the pools of a run."""
@@ -80,6 +88,15 @@ class _Tick:
 
 
 CONTROL_TICK = _Tick()
+
+
+class _Watch:
+    """The payload of a surge-watch event."""
+
+    __slots__ = ()
+
+
+SURGE_WATCH = _Watch()
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +175,7 @@ class ScaleLoop:
         self.decisions: list[ScaleDecision] = []
         self._history: dict[str, deque[tuple[float, int]]] = {}
         self._seen: dict[str, tuple[float, int]] = {}  # pool -> (tokens, calls) so far
+        self.early_ticks: list[float] = []  # when a surge seen between ticks ticked at once
 
     def on_arrival(self, pool: str) -> None:
         """A call arrived: demand is offered calls at the mean work per call served so far.
@@ -182,6 +200,33 @@ class ScaleLoop:
         tokens, calls = self._seen.get(pool, (0.0, 0))
         return tokens / calls if calls else DEFAULT_TOKENS_PER_CALL
 
+    def _signals(
+        self,
+        now: float,
+        counts: Mapping[str, PoolCounts],
+        queued: Mapping[str, int],
+        restart: bool = True,
+    ) -> list[PoolSignal]:
+        signals = []
+        for pool, c in counts.items():
+            backlog = (c.waiting_calls + queued.get(pool, 0)) * self.tokens_per_call(pool)
+            signals.append(
+                self.sensor.signal(
+                    pool, now, c.serving, c.starting, backlog, self.config.tick_s,
+                    restart=restart,
+                )
+            )  # fmt: skip
+        return signals
+
+    def surging(
+        self, now: float, counts: Mapping[str, PoolCounts], queued: Mapping[str, int]
+    ) -> bool:
+        """Whether the window so far already shows a surge in some pool (inferplane only)."""
+        if self.policy is not ScalePolicy.INFERPLANE:
+            return False
+        signals = self._signals(now, counts, queued, restart=False)
+        return any(self.core.surging(s, self.state) for s in signals)
+
     def decide(
         self, now: float, counts: Mapping[str, PoolCounts], queued: Mapping[str, int]
     ) -> dict[str, dict[str, int]]:
@@ -189,15 +234,7 @@ class ScaleLoop:
         out: dict[str, dict[str, int]] = {}
         reasons: dict[str, str] = {}
         if self.policy is ScalePolicy.INFERPLANE:
-            signals = []
-            for pool, c in counts.items():
-                waiting = c.waiting_calls + queued.get(pool, 0)
-                backlog = waiting * self.tokens_per_call(pool)
-                signals.append(
-                    self.sensor.signal(
-                        pool, now, c.serving, c.starting, backlog, self.config.tick_s
-                    )
-                )
+            signals = self._signals(now, counts, queued)
             self.decisions, self.state = self.core.decide(signals, self.state, self.forecasts)
             for d in self.decisions:
                 out[d.pool] = dict(d.desired)
@@ -248,6 +285,9 @@ class Scaling:
     kv: KVFeed | None
     scaler: ScaleLoop | None
     _queued: dict[str, Call]
+    end_s: float
+    _early: bool  # a surge ticked early since the last periodic tick
+    _next_tick_s: float  # when the next control tick is due
 
     def _handle(self, ep: SimEndpoint, events: list[EngineEvent]) -> None:
         raise NotImplementedError
@@ -279,25 +319,61 @@ class Scaling:
     def _on_sample_or_tick(self, payload: object) -> None:
         if payload is CONTROL_TICK:
             self._on_control_tick()
+        elif payload is SURGE_WATCH:
+            self._on_watch()
         else:
             self._on_sample(payload)
 
     def _start_scaling(self) -> None:
+        self._early, self._next_tick_s = False, 0.0
         if self.scaler is not None and self.scaler.policy is not ScalePolicy.OFF:
             self.q.push(self.q.now_s, EventKind.SAMPLE, CONTROL_TICK)
+            if self.scaler.policy is ScalePolicy.INFERPLANE:
+                self.q.push(self.q.now_s + WATCH_S, EventKind.SAMPLE, SURGE_WATCH)
 
-    def _on_control_tick(self) -> None:
-        scaler = self.scaler
-        assert scaler is not None
-        now = self.q.now_s
+    def _sense_counts(self, now: float) -> tuple[dict[str, PoolCounts], dict[str, int]]:
+        assert self.scaler is not None
         self._views(now)  # engines caught up, and the scrape the gateway would have when due
-        counts = {pool: self._pool_counts(pool) for pool in scaler.policies}
+        counts = {pool: self._pool_counts(pool) for pool in self.scaler.policies}
         queued: dict[str, int] = {}
         for call in self._queued.values():
             queued[call.info.targets[0]] = queued.get(call.info.targets[0], 0) + 1
-        for pool, desired in scaler.decide(now, counts, queued).items():
+        return counts, queued
+
+    def _control(self, now: float) -> None:
+        assert self.scaler is not None
+        counts, queued = self._sense_counts(now)
+        for pool, desired in self.scaler.decide(now, counts, queued).items():
             self._scale_to(pool, desired, now)
-        self.q.push(now + scaler.config.tick_s, EventKind.SAMPLE, CONTROL_TICK)
+
+    def _on_control_tick(self) -> None:
+        if self.q.now_s < self._next_tick_s:
+            return  # an early tick moved the period on: this one is stale
+        self._control(self.q.now_s)
+        self._early = False
+        self._schedule_tick(self.q.now_s)
+
+    def _schedule_tick(self, now: float) -> None:
+        assert self.scaler is not None
+        self._next_tick_s = now + self.scaler.config.tick_s
+        self.q.push(self._next_tick_s, EventKind.SAMPLE, CONTROL_TICK)
+
+    def _on_watch(self) -> None:
+        """Between ticks: a surge in the window so far ticks at once, and the period restarts
+        from it (a short window after it would make a noisy rate and a steep slope); once per
+        period."""
+        scaler = self.scaler
+        assert scaler is not None
+        now = self.q.now_s
+        if not self._early:
+            counts, queued = self._sense_counts(now)
+            if scaler.surging(now, counts, queued):
+                self._early = True
+                scaler.early_ticks.append(now)
+                self._control(now)
+                self._schedule_tick(now)  # windows stay a period long
+        if now + WATCH_S < self.end_s:
+            self.q.push(now + WATCH_S, EventKind.SAMPLE, SURGE_WATCH)
 
     def _live(self, pool: str) -> list[SimEndpoint]:
         return [

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from inferplane.core.autoscale_surge import fitted_line, surge_z
 from inferplane.core.autoscaler import (
     Autoscaler,
     AutoscalerState,
@@ -22,7 +23,6 @@ from inferplane.core.autoscaler import (
     PoolSignal,
     ScaleAction,
     ScaleDecision,
-    surge_z,
 )
 
 H100 = GpuOption("h100", price_per_hour_usd=4.0, tokens_per_s=10_000.0, cold_start_s=25.0)
@@ -141,6 +141,44 @@ def test_a_falling_rate_is_no_surge() -> None:
 
 
 def test_surge_settings_are_validated() -> None:
-    for bad in ({"surge_z": 0.0}, {"surge_max_factor": 0.5}, {"surge_windows": 1}):
+    for bad in (
+        {"surge_z": 0.0},
+        {"early_surge_z": -1.0},
+        {"surge_max_factor": 0.5},
+        {"surge_windows": 1},
+    ):
         with pytest.raises(ValueError):
             _policy(**bad)
+
+
+def test_fitted_line_is_least_squares() -> None:
+    level, slope = fitted_line([(0.0, 1.0), (1.0, 3.0), (2.0, 5.0)], at_s=4.0)
+    assert slope == pytest.approx(2.0) and level == pytest.approx(9.0)
+    # One outlier moves a fitted slope far less than a two-point difference would.
+    _, robust = fitted_line([(0.0, 10.0), (1.0, 10.0), (2.0, 10.0), (3.0, 16.0)], at_s=3.0)
+    assert 0 < robust < 0.5 * (16.0 - 10.0)
+    assert fitted_line([(1.0, 4.0)], at_s=9.0) == (4.0, 0.0)
+
+
+def test_a_partial_window_can_show_a_surge_before_the_tick() -> None:
+    scaler = Autoscaler([_policy()])
+    state = AutoscalerState()
+    for i in range(1, 13):  # a steady 6 calls/s, exactly
+        signal = PoolSignal(
+            pool="m", now_s=i * TICK_S, window_s=TICK_S, tokens=30 * TOKENS_PER_CALL,
+            requests=30, serving={"h100": 1},
+        )  # fmt: skip
+        _, state = scaler.decide([signal], state)
+
+    def partial(calls: int, after_s: float) -> PoolSignal:
+        return PoolSignal(
+            pool="m", now_s=12 * TICK_S + after_s, window_s=after_s,
+            tokens=calls * TOKENS_PER_CALL, requests=calls, serving={"h100": 1},
+        )  # fmt: skip
+
+    assert not scaler.surging(partial(7, 1.0), state)  # on the course: 6 expected
+    assert not scaler.surging(partial(20, 2.0), state)  # 12 expected: z 2.4 < 4
+    assert scaler.surging(partial(45, 3.0), state)  # 18 expected: z 4.9
+    assert not scaler.surging(partial(45, 3.0), AutoscalerState())  # nothing learnt yet
+    other = PoolSignal(pool="other", now_s=60.0, window_s=3.0, tokens=1e6, requests=900)
+    assert not scaler.surging(other, state)

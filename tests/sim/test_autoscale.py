@@ -157,3 +157,31 @@ def test_scenario_names_who_sizes_the_pools() -> None:
     assert Simulation(hpa, config, Path("."), "least-loaded", autoscale="off").scaler is None
     with pytest.raises(ValueError, match="autoscale"):
         parse_scenario({**base, "autoscale": "hpa"})
+
+
+@pytest.mark.slow
+def test_an_unannounced_step_is_seen_between_ticks_and_extrapolated() -> None:
+    # The step at 37 s falls early in the 35-40 s window: waiting for the tick at 40 s
+    # would lose seconds of a cold start; the watch sees it a second or two in.
+    sc = scenario(60, chat("base", 0.5), chat("step", 8.0, start_s=STEP_S - 3.0))
+    sim = run(sc, fleet(1, max_replicas=12, tick_s=5), "inferplane")
+    scaler = sim.scaler
+    assert scaler is not None
+    # (calls from nothing at the start read as a surge too: the forecast knew no traffic)
+    early = [t for t in scaler.early_ticks if t > 30.0]
+    assert early and STEP_S - 3.0 < early[0] < STEP_S
+    up = next(p for p in scaler.timeline if p.desired > 1)
+    assert up.time_s == early[0]  # not the periodic tick at 40 s
+    assert "surge" in up.reason
+    assert up.desired >= 3  # extrapolated: more than the window's diluted rate needs
+    # The period restarts from the early tick: no short window (a noisy rate) after it.
+    times = [p.time_s for p in scaler.timeline]
+    after = times[times.index(early[0]) + 1]
+    assert after == pytest.approx(early[0] + 5.0)
+    # A step looks like a steep ramp at first: bought at most twice over (surge_max_factor),
+    # not run away to max_replicas.
+    assert max(p.desired for p in scaler.timeline) < 12
+    # The queue-length loop has no watch: it ticks on its period only.
+    hpa = run(sc, fleet(1, max_replicas=12, tick_s=5), "queue-hpa")
+    assert hpa.scaler is not None and not hpa.scaler.early_ticks
+    assert all(p.time_s % 5 == 0 for p in hpa.scaler.timeline)
