@@ -12,6 +12,10 @@ for decisions, and hands them to its actuators:
   are *slots*: endpoints of the gateway config with fixed ports, running or stopped; a drained
   slot is marked DRAINING in the tracker, left to finish its calls, then stopped.
 
+Between ticks the loop watches: every ``WATCH_S`` it looks at the window so far, and when the
+core sees a surge in it (:meth:`~inferplane.core.autoscaler.Autoscaler.surging`) it ticks at
+once and restarts the period from there (once per period), as the simulator does.
+
 Wiring: ``setup_autoscaling(app, gateway, config, fleet=None)`` adds the loop to the app's
 start and cleanup and ``GET /v1/autoscale`` (the last decisions with their reasons).
 """
@@ -48,6 +52,9 @@ log = logging.getLogger("inferplane.gateway.autoscale")
 #: Tokens a call waiting at an engine stands for in the backlog (prompt plus output of a
 #: typical call; the gateway does not see the engines' queues call by call).
 TOKENS_PER_WAITING_CALL = 1000.0
+
+#: How often the loop looks at the window so far for a surge, in seconds.
+WATCH_S = 1.0
 
 #: Where ``setup_autoscaling`` leaves its controller once the app has started.
 CONTROLLER_KEY = web.AppKey("inferplane_autoscale", dict)
@@ -247,8 +254,9 @@ class AutoscaleController:
         self._last: dict[str, tuple[float, float, float]] = {}  # pool -> (tokens, ok, all)
         self._last_s: float | None = None
 
-    def sense(self, now: float) -> list[PoolSignal]:
-        """One signal per pool over the window since the last call.
+    def sense(self, now: float, *, restart: bool = True) -> list[PoolSignal]:
+        """One signal per pool over the window since the last call (``restart`` False: a
+        look at the window so far, which keeps counting).
 
         Demand is the calls that ended in the window (answered or refused) times the mean work
         of a served call so far (work: prompt tokens not served from cache plus completion
@@ -259,14 +267,16 @@ class AutoscaleController:
         registry yet).
         """
         window_s = self.config.tick_s if self._last_s is None else max(1e-3, now - self._last_s)
-        self._last_s = now
+        if restart:
+            self._last_s = now
         views = self._views(now)
         out = []
         counts = _pool_counts(self._registry)
         for pool in self.autoscaler.policies:
             tokens, ok, total = counts.get(pool, (0.0, 0.0, 0.0))
             prev = self._last.get(pool, (tokens, ok, total))
-            self._last[pool] = (tokens, ok, total)
+            if restart or pool not in self._last:
+                self._last[pool] = (tokens, ok, total)
             done = total - prev[2]
             serving: dict[str, int] = {}
             starting: dict[str, int] = {}
@@ -293,6 +303,13 @@ class AutoscaleController:
                 )
             )
         return out
+
+    def surging(self, now: float) -> bool:
+        """Whether the window so far already shows a surge in some pool."""
+        if self._last_s is None:
+            return False
+        signals = self.sense(now, restart=False)
+        return any(self.autoscaler.surging(s, self.state) for s in signals)
 
     async def tick(self, now: float) -> None:
         signals = self.sense(now)
@@ -352,12 +369,17 @@ def setup_autoscaling(
     tasks: list[asyncio.Task[None]] = []
 
     async def loop() -> None:
-        ctl = holder["ctl"]
+        ctl, due_s, early = holder["ctl"], gateway.clock(), False
         while True:
             now = gateway.clock()
             with contextlib.suppress(Exception):
-                await ctl.tick(now)
-            await asyncio.sleep(config.tick_s)
+                if now >= due_s:
+                    due_s, early = now + config.tick_s, False
+                    await ctl.tick(now)
+                elif not early and ctl.surging(now):
+                    due_s, early = now + config.tick_s, True  # the period restarts here
+                    await ctl.tick(now)
+            await asyncio.sleep(max(0.0, min(WATCH_S, due_s - gateway.clock())))
 
     async def on_startup(app: web.Application) -> None:
         registry = gateway.recorder.metrics.registry

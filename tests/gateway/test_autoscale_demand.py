@@ -44,3 +44,20 @@ def test_demand_counts_refused_calls_at_the_work_of_a_served_one() -> None:
     _served(requests, tokens, calls=10, prompt=500, cached=0)  # work 600 per call
     (later,) = ctl.sense(30.0)
     assert later.tokens == 10 * (10 * 300 + 10 * 600) / 20
+
+
+def test_a_surge_is_seen_in_the_window_so_far_without_consuming_it() -> None:
+    ctl, requests, tokens = _controller()
+    assert not ctl.surging(0.0)  # no window yet
+    ctl.sense(0.0)
+    for i in range(1, 9):  # a steady 3 calls/s, ticks every 15 s
+        _served(requests, tokens, calls=45, prompt=1000, cached=0)
+        (signal,) = ctl.sense(15.0 * i)
+        _, ctl.state = ctl.autoscaler.decide([signal], ctl.state)
+    _served(requests, tokens, calls=4, prompt=1000, cached=0)
+    assert not ctl.surging(122.0)  # 2 s in: 6 expected, 4 came
+    _served(requests, tokens, calls=40, prompt=1000, cached=0)
+    assert ctl.surging(123.0)  # 3 s in: 9 expected, 44 came
+    # Looking did not restart the window: the tick sees all 44 calls over 3 s.
+    (signal,) = ctl.sense(123.0)
+    assert signal.requests == 44 and signal.window_s == 3.0
