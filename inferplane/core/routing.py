@@ -89,6 +89,7 @@ def route(
     prefix_index: PrefixMatcher | None = None,
     affinity_endpoint: str | None = None,
     exclude: Collection[str] = (),
+    live_workflows: Mapping[str, int] | None = None,
 ) -> RouteDecision:
     """Rank the endpoints that can take ``call``, best first, with per-axis reasons.
 
@@ -97,6 +98,10 @@ def route(
     Every ranked endpoint carries its total score and predicted TTFT; the first
     ``cfg.explain_top`` also carry their per-axis scores with reasons (formatting them for
     every candidate on every call would cost more than the decision itself).
+    ``live_workflows`` (workflows whose context each endpoint holds) count as load for a
+    workflow's first call (one without an affine endpoint), so new sessions spread by the
+    KV memory their contexts will claim rather than pile onto the holder of a shared
+    system prompt.
     """
     cfg = config or _DEFAULT_CONFIG
     pred = predictor or _shared_predictor(cfg)
@@ -134,6 +139,7 @@ def route(
         affinity_endpoint=affinity_endpoint,
         has_prefix_data=has_prefix,
         budget_uses=uses,
+        extra_load=_session_load(call, affinity_endpoint, live_workflows),
     )
     pool = PoolStats.of(ctx, candidates)
     active = active_axes(cfg.weights_for(model))
@@ -199,6 +205,14 @@ def _cached_tokens(
     if affinity_endpoint in cached:
         cached[affinity_endpoint] = int(prompt * cfg.affinity_reuse_fraction)
     return cached, False
+
+
+def _session_load(
+    call: CallContext, affinity_endpoint: str | None, live: Mapping[str, int] | None
+) -> Mapping[str, float]:
+    if not live or call.workflow_id is None or affinity_endpoint is not None:
+        return {}
+    return {name: float(n) for name, n in live.items()}
 
 
 def _usd_per_token(view: EndpointView, model: str, pred: LatencyPredictor, now: float) -> float:

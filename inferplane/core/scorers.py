@@ -5,7 +5,8 @@ The seven axes of the design plus queue load (llm-d's queue scorer):
 =========  =============================================================================
 kv_cache   share of the prompt already cached there (prefix index match; without an
            index, the assumed reuse on the workflow's previous endpoint)
-load       1 / (1 + outstanding requests over the pool's least / ``load_scale``)
+load       1 / (1 + outstanding requests over the pool's least / ``load_scale``); a
+           workflow's first call also counts the live workflows an endpoint holds
 headroom   HBM headroom: 1 - KV-cache usage
 latency    predicted TTFT (and end-to-end) against the call's budget: 1 within
            ``budget_comfort`` of it, 0 past it; without a budget, 1 / (1 + extra TTFT
@@ -36,113 +37,45 @@ formats the same figures on demand. :func:`score_columns` is the hot path; :func
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from inferplane.core.predictor import LatencyEstimate
-from inferplane.core.routing_config import RoutingConfig, ScorerWeights
-from inferplane.core.types import (
-    AxisScore,
-    CallContext,
-    EndpointState,
-    EndpointView,
-    PriorityClass,
+from inferplane.core.routing_config import ScorerWeights
+from inferplane.core.scoring_context import (
+    PoolStats,
+    ScoringContext,
+    budget_use,
+    keeps_affinity,
+    keeps_bonus,
+    load_of,
+    slow_start_weight,
 )
+from inferplane.core.types import AxisScore, EndpointState, EndpointView, PriorityClass
 
-
-def load_of(view: EndpointView) -> float:
-    """Outstanding work: the larger of what the gateway sent and what the engine reports."""
-    return float(max(view.in_flight, view.load.num_waiting + view.load.num_running))
-
-
-def budget_use(
-    call: CallContext, estimate: LatencyEstimate, now: float, cfg: RoutingConfig
-) -> float | None:
-    """Share of the call's latency budget the prediction uses (> 1: misses); None: no budget."""
-    use: float | None = None
-    if call.ttft_budget_s is not None:
-        use = _ratio(estimate.ttft_s, call.ttft_budget_s - max(0.0, now - call.arrival_s))
-    if call.deadline_s is not None:
-        num_out = min(call.max_tokens, cfg.max_output_tokens_estimate)
-        e2e = _ratio(estimate.e2e_s(num_out), call.deadline_s - now)
-        use = e2e if use is None else max(use, e2e)
-    return use
-
-
-def _ratio(need_s: float, left_s: float) -> float:
-    if left_s <= 0:
-        return float("inf")
-    return need_s / left_s
-
-
-def slow_start_weight(since_s: float, cfg: RoutingConfig) -> float:
-    """Envoy slow start: max(min weight, (time since ready / window) ^ (1 / aggression))."""
-    frac = min(1.0, max(0.0, since_s) / cfg.slow_start_window_s)
-    ramp: float = frac ** (1.0 / cfg.slow_start_aggression)
-    return max(cfg.slow_start_min_weight, ramp)
-
-
-@dataclass(frozen=True, slots=True)
-class ScoringContext:
-    """One call's pool-wide inputs to the scorers (built once per route)."""
-
-    call: CallContext
-    now: float
-    cfg: RoutingConfig
-    estimates: Mapping[str, LatencyEstimate]
-    cached_tokens: Mapping[str, int]
-    saved_s: Mapping[str, float]  # prefill time the endpoint's cache saves this call
-    usd_per_token: Mapping[str, float]
-    affinity_endpoint: str | None = None
-    has_prefix_data: bool = False
-    #: ``budget_use`` per endpoint when the caller already computed it (else recomputed).
-    budget_uses: Mapping[str, float | None] = field(default_factory=dict)
-
-    def budget_use(self, name: str) -> float | None:
-        if name in self.budget_uses:
-            return self.budget_uses[name]
-        return budget_use(self.call, self.estimates[name], self.now, self.cfg)
-
-    def min_ttft_s(self) -> float:
-        return min((e.ttft_s for e in self.estimates.values()), default=0.0)
-
-    def min_usd_per_token(self) -> float:
-        return min(self.usd_per_token.values(), default=0.0)
-
-
-@dataclass(frozen=True, slots=True)
-class PoolStats:
-    """Pool-wide aggregates the relative scorers need."""
-
-    min_ttft_s: float
-    min_usd_per_token: float
-    min_load: float
-    max_load: float
-
-    @classmethod
-    def of(cls, ctx: ScoringContext, views: Sequence[EndpointView]) -> PoolStats:
-        loads = [load_of(v) for v in views] or [0.0]
-        return cls(ctx.min_ttft_s(), ctx.min_usd_per_token(), min(loads), max(loads))
-
-
-def _keeps(ctx: ScoringContext, pool: PoolStats, name: str) -> bool:
-    estimate = ctx.estimates.get(name)
-    if estimate is None:
-        return False
-    limit_s = ctx.cfg.affinity_penalty_ratio * ctx.saved_s.get(name, 0.0)
-    return estimate.ttft_s - pool.min_ttft_s <= limit_s
-
-
-def keeps_affinity(ctx: ScoringContext, pool: PoolStats, name: str) -> tuple[bool, str]:
-    """The hot-spot rule: the TTFT penalty there, over the best candidate's predicted TTFT,
-    must not exceed ratio x the prefill its cache saves."""
-    estimate = ctx.estimates.get(name)
-    if estimate is None:
-        return False, "no prediction"
-    penalty_s = estimate.ttft_s - pool.min_ttft_s
-    saved_s = ctx.saved_s.get(name, 0.0)
-    if _keeps(ctx, pool, name):
-        return True, f"TTFT +{penalty_s:.3f}s <= saves {saved_s:.3f}s"
-    return False, f"hot: TTFT +{penalty_s:.3f}s > saves {saved_s:.3f}s"
+__all__ = [
+    "AXES",
+    "SCORERS",
+    "Axis",
+    "PoolStats",
+    "Scorer",
+    "ScoringContext",
+    "active_axes",
+    "budget_use",
+    "explain",
+    "keeps_affinity",
+    "load_of",
+    "score_affinity",
+    "score_all",
+    "score_columns",
+    "score_cost",
+    "score_headroom",
+    "score_kv_cache",
+    "score_latency",
+    "score_load",
+    "score_priority",
+    "score_warm",
+    "slow_start_weight",
+    "weighted_totals",
+]
 
 
 #: A number function: scores of the endpoints (same order), unclamped. One call per axis
@@ -184,7 +117,7 @@ def _kv_cache(ctx: ScoringContext, pool: PoolStats, views: Sequence[EndpointView
     for view in views:
         name = view.info.name
         cached = get(name, 0)
-        if cached <= 0 or prompt <= 0 or not _keeps(ctx, pool, name):
+        if cached <= 0 or prompt <= 0 or not keeps_bonus(ctx, pool, name):
             out.append(0.0)
         else:
             out.append(min(1.0, cached / prompt))
@@ -207,7 +140,9 @@ def _kv_cache_words(ctx: ScoringContext, pool: PoolStats, view: EndpointView) ->
 
 
 def _load(ctx: ScoringContext, pool: PoolStats, views: Sequence[EndpointView]) -> list[float]:
-    least, scale = pool.min_load, ctx.cfg.load_scale
+    least, scale, extra = pool.min_load, ctx.cfg.load_scale, ctx.extra_load
+    if extra:
+        return [1.0 / (1.0 + max(0.0, ctx.load(v) - least) / scale) for v in views]
     return [
         1.0 / (1.0 + max(0.0, max(v.in_flight, v.load.num_waiting + v.load.num_running) - least)
         / scale)
@@ -216,8 +151,9 @@ def _load(ctx: ScoringContext, pool: PoolStats, views: Sequence[EndpointView]) -
 
 
 def _load_words(ctx: ScoringContext, pool: PoolStats, view: EndpointView) -> str:
-    load = load_of(view)
-    return f"{load:.0f} outstanding (+{max(0.0, load - pool.min_load):.0f})"
+    load, extra = ctx.load(view), ctx.extra_load.get(view.name, 0.0)
+    live = f", {extra:.0f} live workflows" if extra else ""
+    return f"{load:.0f} outstanding{live} (+{max(0.0, load - pool.min_load):.0f})"
 
 
 def _headroom(ctx: ScoringContext, pool: PoolStats, views: Sequence[EndpointView]) -> list[float]:
@@ -315,7 +251,9 @@ def _priority_words(ctx: ScoringContext, pool: PoolStats, view: EndpointView) ->
 
 def _affinity(ctx: ScoringContext, pool: PoolStats, views: Sequence[EndpointView]) -> list[float]:
     target = ctx.affinity_endpoint
-    return [1.0 if v.info.name == target and _keeps(ctx, pool, v.info.name) else 0.0 for v in views]
+    return [
+        1.0 if v.info.name == target and keeps_bonus(ctx, pool, v.info.name) else 0.0 for v in views
+    ]
 
 
 def _affinity_words(ctx: ScoringContext, pool: PoolStats, view: EndpointView) -> str:

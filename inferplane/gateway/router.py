@@ -31,7 +31,7 @@ import dataclasses
 import enum
 import logging
 import random
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -52,6 +52,8 @@ MAX_KEYED_TOKENS = 262_144
 _MAX_TRACKED = 100_000  # calls in flight whose usage is matched against the prediction
 _MAX_MISS_SAMPLES = 16  # explained prefix misses kept for /v1/stats
 _EXPLAIN_EVERY = 64  # past the first misses, one in this many is explained
+#: A workflow with no call for this long no longer counts as live on its endpoint.
+LIVE_WORKFLOW_IDLE_S = 30.0
 
 log = logging.getLogger("inferplane.gateway.router")
 
@@ -136,6 +138,10 @@ class GatewayRouter:
         self._keys_of: dict[str, tuple[int, ...]] = {}  # dispatched call -> its keys
         self._counts = _PrefixCounters()
         self.outcomes: Counter[str] = Counter()  # PrefixOutcome value -> routes
+        # Live workflows: id -> (endpoint of its last call, when), oldest first; and per
+        # endpoint how many (a new session is placed by the contexts endpoints hold).
+        self._live: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        self._live_counts: Counter[str] = Counter()
         self.miss_samples: deque[dict[str, Any]] = deque(maxlen=_MAX_MISS_SAMPLES)
 
     # ---- lifecycle ------------------------------------------------------------------------
@@ -173,6 +179,7 @@ class GatewayRouter:
             predictor=self.predictor,
             prefix_index=self.index if call.prompt_block_keys else None,
             affinity_endpoint=self.affinity.get(call.workflow_id, now),
+            live_workflows=self.live_workflows(now) if call.workflow_id else None,
         )
         if call.prompt_block_keys and decision.ranked:
             self._audit(call, views, decision, now)
@@ -214,8 +221,9 @@ class GatewayRouter:
         """Per-axis scores of the primary and the holder (routed again, explained; a
         separate RNG so the live decisions are unchanged)."""
         cfg = self.config.model_copy(update={"explain_top": len(views)})
+        live = self.live_workflows(now) if call.workflow_id else None
         again = route(call, views, now, random.Random(0), config=cfg, predictor=self.predictor,
-                      prefix_index=self.index,
+                      prefix_index=self.index, live_workflows=live,
                       affinity_endpoint=self.affinity.get(call.workflow_id, now))  # fmt: skip
         out: dict[str, Any] = {}
         for ranked in again.ranked:
@@ -245,10 +253,35 @@ class GatewayRouter:
                     del self._keys_of[next(iter(self._keys_of))]
             self.index.record_route(name, keys, now)
             self._keys_of[key] = keys
+        self._track_workflow(call, name, now)
         uncached = max(0, call.num_prompt_tokens - cached)
         estimate = self.predictor.predict(view, call.model, uncached, now)
         self.predictor.on_dispatch(key, name, uncached, estimate, call.max_tokens)
         return estimate
+
+    def _track_workflow(self, call: CallContext, endpoint: str, now: float) -> None:
+        """The workflow's context now lives on ``endpoint``, until its last step or
+        ``LIVE_WORKFLOW_IDLE_S`` without a call."""
+        workflow = call.workflow_id
+        if workflow is None:
+            return
+        old = self._live.pop(workflow, None)
+        if old is not None:
+            self._live_counts[old[0]] -= 1
+        step, steps = call.workflow_step, call.workflow_steps
+        if step is not None and steps is not None and step >= steps:
+            return  # its last call: the context will not be asked for again
+        self._live[workflow] = (endpoint, now)
+        self._live_counts[endpoint] += 1
+        while len(self._live) > _MAX_TRACKED:
+            self._live_counts[self._live.popitem(last=False)[1][0]] -= 1
+
+    def live_workflows(self, now: float) -> dict[str, int]:
+        """Per endpoint, the live workflows whose last call it served."""
+        live = self._live
+        while live and now - next(iter(live.values()))[1] > LIVE_WORKFLOW_IDLE_S:
+            self._live_counts[live.popitem(last=False)[1][0]] -= 1
+        return {name: n for name, n in self._live_counts.items() if n > 0}
 
     def on_first_token(self, key: str, ttft_s: float, now: float) -> None:
         self.predictor.on_first_token(key, ttft_s, now)
@@ -308,5 +341,6 @@ class GatewayRouter:
             "prefix": self.prefix_stats(),
             "kv_events": self.kv_event_status(),
             "affinities": len(self.affinity),
+            "live_workflows": len(self._live),
             "predictor_pending": self.predictor.num_pending(),
         }

@@ -102,6 +102,28 @@ def test_prefix_holder_is_left_once_its_ttft_penalty_exceeds_the_saving() -> Non
     assert {a.axis: a.reason for a in holder.axes}["kv_cache"].startswith("hot: TTFT +")
 
 
+def test_new_session_spreads_by_live_workflows_not_onto_the_system_prompt_holder() -> None:
+    """Agentic (issue 4): a session's first call matches the shared system prompt wherever
+    it is cached, so new sessions piled onto its holders until their KV memory evicted
+    each other's contexts. Live workflows count as load for a first call only."""
+    matcher = FixedMatcher({"holder": 80})  # the system prompt: 80 of 100 blocks
+    views = [view("holder", running=4, kv=0.9), view("free", kv=0.1)]
+    first = call(prompt=1600, keys=KEYS, workflow_id="w-new")
+    crowded = {"holder": 12, "free": 0}
+    spread = route(first, views, 0.0, random.Random(1), prefix_index=matcher,
+                   live_workflows=crowded)  # fmt: skip
+    assert spread.primary == "free"
+    alone = route(first, views, 0.0, random.Random(1), prefix_index=matcher)
+    assert alone.primary == "holder"
+    # a session's later call is held by its own context, whatever the count
+    later = route(first, views, 0.0, random.Random(1), prefix_index=matcher,
+                  live_workflows=crowded, affinity_endpoint="holder")  # fmt: skip
+    assert later.primary == "holder"
+    plain = route(call(prompt=1600, keys=KEYS), views, 0.0, random.Random(1),
+                  prefix_index=matcher, live_workflows=crowded)  # fmt: skip
+    assert plain.primary == "holder"  # not a workflow: counts ignored
+
+
 def test_latency_bound_call_skips_warming_when_ready_meets_budget() -> None:
     views = [view("warm", state=EndpointState.WARMING, since_s=0.0), view("ready", running=20)]
     bound = _route(views, c=call(prompt=1600, ttft_budget_s=5.0), seed=3)

@@ -130,6 +130,29 @@ def test_prefix_outcomes_say_why_a_call_left_the_blocks_holder() -> None:
     assert filtered == {**filtered, "holder": "a", "holder_state": "ejected", "primary": "b"}
 
 
+def test_live_workflows_follow_dispatches_and_end_at_the_last_step() -> None:
+    from inferplane.core.types import CallContext, PriorityClass
+    from inferplane.gateway.router import LIVE_WORKFLOW_IDLE_S
+    from tests.core.routing_helpers import view
+
+    router = GatewayRouter(parse_config({"endpoints": [_endpoint("a"), _endpoint("b")]}))
+
+    def step(workflow: str, n: int, of: int) -> CallContext:
+        return CallContext("r", "t", MODEL, PriorityClass.STANDARD, 0.0, 100, 8,
+                           workflow_id=workflow, workflow_step=n, workflow_steps=of)  # fmt: skip
+
+    a, b = view("a", model=MODEL), view("b", model=MODEL)
+    router.on_dispatch("1", step("w1", 1, 3), a, 0.0)
+    router.on_dispatch("2", step("w2", 1, 2), a, 1.0)
+    router.on_dispatch("3", step("w3", 1, 5), b, 2.0)
+    assert router.live_workflows(2.0) == {"a": 2, "b": 1}
+    router.on_dispatch("4", step("w1", 2, 3), b, 3.0)  # moved
+    router.on_dispatch("5", step("w2", 2, 2), a, 4.0)  # its last step
+    assert router.live_workflows(4.0) == {"b": 2}
+    assert router.live_workflows(3.0 + LIVE_WORKFLOW_IDLE_S + 0.1) == {}  # idle: gone
+    assert router.stats()["live_workflows"] == 0
+
+
 def _shared_full_blocks(a: dict[str, Any], b: dict[str, Any]) -> int:
     """Tokens of the full 16-token blocks two prompts share (what a prefix cache reuses)."""
     ids_a, ids_b = prompt_token_ids(ApiKind.CHAT, a), prompt_token_ids(ApiKind.CHAT, b)
