@@ -14,11 +14,18 @@ because absolute rates drift on shared machines; the table reports medians over 
 extra round runs the gateway on the standard asyncio loop instead of uvloop, to show what the
 event-loop choice is worth. Results go to bench/results/gateway-overhead.json.
 
-The stack this chose: aiohttp's server on uvloop in front, and for engine calls the gateway's
-own HTTP/1.1 client (``inferplane/gateway/upstream.py``) rather than aiohttp's: a bare
-pass-through proxy on aiohttp's server measured 615 us of CPU per request with aiohttp's
-client and 233 us with the lean one (same run, interleaved); uvloop against asyncio's loop
-is the extra round above.
+The stack this chose: uvloop; in front, the gateway's own HTTP/1.1 front server
+(``inferplane/gateway/server.py``, asyncio Protocol) answers the two generation routes and
+hands every other connection to aiohttp's server (which keeps the other routes, and any odd
+request: chunked bodies, HTTP/1.0, malformed heads); for engine calls the gateway's own
+HTTP/1.1 client (``inferplane/gateway/upstream.py``) rather than aiohttp's. Measured to
+choose: a bare pass-through proxy on aiohttp's server took 615 us of CPU per request with
+aiohttp's client and 233 us with the lean one (same run, interleaved); the front server took
+the whole gateway from 301 to 246 us per request against the aiohttp server (same run,
+``--baseline-src``). With the policy removed (front server and client only) a pass-through
+cost 77 us per request where the whole gateway cost 284 (same run): the rest is the per-call
+work (context, admission, routing, reliability, accounting, metrics). uvloop against
+asyncio's loop is the extra round above.
 
     python bench/gateway_overhead.py [--rounds 3] [--duration-s 4] [--concurrency 64]
         [--baseline-src DIR]

@@ -20,7 +20,6 @@ app declares its hot routes (``FRONT_ROUTES``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import gc
 import logging
@@ -140,10 +139,16 @@ class FrontProtocol(BaseProtocol):
         else:
             self.buf = bytearray(buf)
             self.buf += data
-        if self.request is None:
+        if self.request is None and not self._paused:
             self._next()
         elif len(self.buf) > self.front.max_body_bytes + MAX_HEAD_BYTES:
             self.pause_reading()  # pipelined beyond bounds: wait for the current answer
+
+    def resume_writing(self) -> None:
+        """The client has read its answers: serve what it sent meanwhile."""
+        super().resume_writing()
+        if self.request is None and self.buf and self.transport is not None:
+            self._next()
 
     def close(self) -> None:
         if self.transport is not None:
@@ -221,12 +226,10 @@ class FrontProtocol(BaseProtocol):
         if not keep_alive or self.front.closing or self.transport is None:
             self.close()
             return
-        if self._paused:  # the client reads slowly: wait before serving the next request
-            with contextlib.suppress(ConnectionError):
-                await self._drain_helper()
         if self._reading_paused:
             self.resume_reading()
-        if self.buf and self.transport is not None:
+        # A client that reads slowly gets its next answer once it has read (resume_writing).
+        if not self._paused and self.request is None and self.buf:
             self._next()
 
     async def _respond(self, request: FrontRequest, response: web.StreamResponse) -> bool:

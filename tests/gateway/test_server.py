@@ -15,7 +15,7 @@ import orjson
 from aiohttp import web
 
 from inferplane.gateway.app import Gateway, start_server
-from inferplane.gateway.server import Front, FrontSite
+from inferplane.gateway.server import FRONT_ROUTES, Front, FrontRoutes, FrontSite
 from inferplane.gateway.server_request import parse_head
 from tests.gateway.fakes import fake_engines, fleet_config
 
@@ -200,3 +200,61 @@ async def test_a_body_arriving_in_many_pieces_is_read_whole() -> None:
         assert status == 200 and orjson.loads(body)["usage"]["prompt_tokens"] == 10
         assert front.served == 1 and front.handed_off == 0
         writer.close()
+
+
+class _Transport(asyncio.Transport):
+    """Records what the server writes; no socket."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.out = b""
+        self.closed = False
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.out += bytes(data)
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return default
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+async def test_a_client_that_does_not_read_gets_no_new_answers_until_it_does() -> None:
+    seen: list[bytes] = []
+
+    async def echo(request: web.Request) -> web.Response:
+        seen.append(await request.read())
+        return web.Response(body=b"ok", content_type="application/json")
+
+    app = web.Application()
+    app[FRONT_ROUTES] = FrontRoutes({"/v1/completions": echo}, 1 << 20)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    try:
+        assert runner.server is not None
+        proto = Front(asyncio.get_running_loop(), app, runner.server).protocol()
+        transport = _Transport()
+        proto.connection_made(transport)
+        proto.pause_writing()  # the transport's buffer is full
+        proto.data_received(_post(b"1", "/v1/completions") + _post(b"2", "/v1/completions"))
+        await asyncio.sleep(0.01)
+        assert seen == [] and transport.out == b""
+        proto.resume_writing()  # drained: both pipelined requests are answered, in order
+        for _ in range(50):
+            if len(seen) == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert seen == [b"1", b"2"] and transport.out.count(b"HTTP/1.1 200 OK") == 2
+        proto.connection_lost(None)
+    finally:
+        await runner.cleanup()
