@@ -67,6 +67,16 @@ class GatewaySpec:
         return self.kind.value if self.policy is None else f"{self.kind.value} {self.policy}"
 
 
+#: Named diagnostic variants of inferplane (``--gateways inferplane:slots16``).
+#: slots16: admission headroom for 16-slot engines (3 of 16 slots kept for critical, as
+#: bench/cascade.py's ``--admission inferplane``): the default shares (standard leaves 80%,
+#: sheddable 85% of an endpoint's slots to critical) were measured on vLLM's 256 slots.
+VARIANTS = {
+    "slots16": "cfg.admission.headroom.slot_share.standard=0.2"
+    "+cfg.admission.headroom.slot_share.sheddable=0.25",
+}
+
+
 def parse_spec(text: str) -> GatewaySpec:
     """``"sglang-router:round_robin"`` -> GatewaySpec; the routers default to cache_aware."""
     kind_text, _, policy = text.partition(":")
@@ -136,9 +146,14 @@ def _inferplane_cmd(
     # engines' batch slots (max_num_seqs) reach the gateway's priors through the same
     # wrapper (the fleet config has no field for an emulated engine's profile overrides).
     knobs: list[str] = [] if max_num_seqs is None else [f"max_num_seqs={max_num_seqs}"]
+    variant = VARIANTS.get(variant or "", variant)
     if variant is not None and variant.startswith("weights."):
         pairs = (item.removeprefix("weights.").split("=") for item in variant.split("+"))
         cfg["routing"] = {"weights": {axis: float(value) for axis, value in pairs}}
+    elif variant is not None and variant.startswith("cfg."):
+        for item in variant.split("+"):
+            path, _, value = item.removeprefix("cfg.").partition("=")
+            set_config_leaf(cfg, path.split("."), float(value))
     elif variant is not None:
         knobs.append(variant)
     head = ["-m", "inferplane.cli"]
@@ -158,6 +173,24 @@ def _inferplane_cmd(
         "warning",
         "--no-request-log",
     ]
+
+
+def set_config_leaf(cfg: dict[str, Any], path: list[str], value: float) -> None:
+    """Set ``path`` (e.g. admission.headroom.slot_share.standard) in a fleet config dict.
+
+    The leaf's parent model is written whole, its other fields at their defaults, so a
+    per-class value can be changed alone (pydantic needs all three classes)."""
+    from inferplane.config import FleetConfig
+
+    model: Any = FleetConfig.model_fields[path[0]].default
+    for name in path[1:-1]:
+        model = getattr(model, name)
+    node = cfg
+    for name in path[:-2]:
+        node = node.setdefault(name, {})
+    parent = node.get(path[-2]) or model.model_dump()
+    parent[path[-1]] = value
+    node[path[-2]] = parent
 
 
 def _router_cmd(spec: GatewaySpec, python: Path, urls: list[str], port: int) -> list[str]:

@@ -261,3 +261,28 @@ def test_breakdown_puts_every_offered_task_in_one_outcome() -> None:
     )
     assert counts["cut off"] == 1  # offered but never reported by the load generator
     assert by_priority(result) == {"standard": (2, 4), "sheddable": (0, 3)}
+
+
+def test_config_variant_sets_one_leaf_and_keeps_its_siblings(tmp_path: Path) -> None:
+    from peerlib import gateways as gw
+
+    from inferplane.config import FleetConfig
+
+    engine = {"name": "e-0", "url": "http://127.0.0.1:1", "models": ["m"], "gpu": "h100"}
+    engines = [{**engine, "price_per_hour_usd": 2.0}]
+    share_of = "cfg.admission.headroom.slot_share"
+    variant = f"{share_of}.standard=0.2+{share_of}.sheddable=0.25"
+    gw._inferplane_cmd(engines, 9000, tmp_path, variant)
+    cfg = json.loads((tmp_path / "inferplane.yaml").read_text())
+    share = FleetConfig.model_validate(cfg).admission.headroom.slot_share
+    assert (share.critical, share.standard, share.sheddable) == (0.0, 0.2, 0.25)
+
+
+def test_named_variant_expands_to_its_config(tmp_path: Path) -> None:
+    from peerlib import gateways as gw
+
+    engines = [{"name": "e-0", "url": "http://127.0.0.1:1"}]
+    gw._inferplane_cmd(engines, 9000, tmp_path, "slots16")
+    share = json.loads((tmp_path / "inferplane.yaml").read_text())["admission"]["headroom"]
+    assert share["slot_share"] == {"critical": 0.0, "standard": 0.2, "sheddable": 0.25}
+    assert gw.parse_spec("inferplane:slots16").label == "inferplane slots16"
