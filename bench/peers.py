@@ -39,9 +39,9 @@ from peerlib.stats import Row, RunInfo, summarize
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 HERE = Path(__file__).resolve()
-# inferplane:slots16 is a diagnostic row (admission headroom for the 16-slot engines);
+# inferplane:fit16 is a diagnostic row (admission headroom for the 16-slot engines);
 # the targets are judged on the plain inferplane row.
-DEFAULT_GATEWAYS = "inferplane,inferplane:slots16,sglang-router,vllm-router,litellm"
+DEFAULT_GATEWAYS = "inferplane,inferplane:fit16,sglang-router,vllm-router,litellm"
 QUICK_GATEWAYS = "inferplane,sglang-router"
 
 
@@ -256,9 +256,11 @@ def header_lines(args: argparse.Namespace, capacity: dict[str, Any]) -> list[str
         "a fleet at capacity meets it and one far beyond does not.",
         "Settings: inferplane serve with defaults (+ KV events; health checks 5 s x 3 "
         "strikes, as bench/routing.py, since the starved emulated engines answer /health "
-        "late; the engines' batch slots in its priors); `inferplane slots16` (diagnostic, "
-        "not judged): admission headroom for 16-slot engines (slot_share standard 0.2, "
-        "sheddable 0.25; the defaults 0.8/0.85 were measured on 256 slots); "
+        "late; the engines' batch slots in its priors); `inferplane fit16` (diagnostic, "
+        "not judged): admission headroom fitted to this fleet (slot_share standard 0.2, "
+        "sheddable 0.25: the defaults 0.8/0.85 were measured on 256 slots; tpot_share 1.0 "
+        "for both: the defaults 0.6/0.4 hold lower classes at any load when deadlines are "
+        "2x the full-batch time); "
         "sglang-router / vllm-router --policy cache_aware (extra rows: other policies); "
         "LiteLLM proxy routing_strategy least-busy, default retries. Clients send "
         "X-Priority, X-Deadline-Ms and workflow headers to every gateway (only inferplane "

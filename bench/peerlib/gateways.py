@@ -67,13 +67,17 @@ class GatewaySpec:
         return self.kind.value if self.policy is None else f"{self.kind.value} {self.policy}"
 
 
-#: Named diagnostic variants of inferplane (``--gateways inferplane:slots16``).
-#: slots16: admission headroom for 16-slot engines (3 of 16 slots kept for critical, as
-#: bench/cascade.py's ``--admission inferplane``): the default shares (standard leaves 80%,
-#: sheddable 85% of an endpoint's slots to critical) were measured on vLLM's 256 slots.
+#: Named diagnostic variants of inferplane (``--gateways inferplane:fit16``).
+#: fit16: admission headroom fitted to 16-slot engines and 2x deadlines: 3 of 16 slots kept
+#: for critical (slot_share 0.2/0.25, as bench/cascade.py's ``--admission inferplane``; the
+#: defaults 0.8/0.85 were measured on vLLM's 256 slots) and decode protection holding a
+#: lower class only while the pool's TPOT is over what critical deadlines need (tpot_share
+#: 1.0; the defaults 0.6/0.4 hold whenever TPOT is over 60%/40% of it, which a batch of one
+#: already is when deadlines are 2x the full-batch time).
+_HEADROOM = "cfg.admission.headroom"
 VARIANTS = {
-    "slots16": "cfg.admission.headroom.slot_share.standard=0.2"
-    "+cfg.admission.headroom.slot_share.sheddable=0.25",
+    "fit16": f"{_HEADROOM}.slot_share.standard=0.2+{_HEADROOM}.slot_share.sheddable=0.25"
+    f"+{_HEADROOM}.tpot_share.standard=1.0+{_HEADROOM}.tpot_share.sheddable=1.0",
 }
 
 
