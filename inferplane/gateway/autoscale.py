@@ -251,20 +251,22 @@ class AutoscaleController:
         self._registry = registry
         self._views = views
         self._actuators = list(actuators)
-        self._last: dict[str, tuple[float, float, float]] = {}  # pool -> (tokens, ok, all)
+        # pool -> (tokens, ok, all, in flight) at the window's start
+        self._last: dict[str, tuple[float, float, float, float]] = {}
         self._last_s: float | None = None
 
     def sense(self, now: float, *, restart: bool = True) -> list[PoolSignal]:
         """One signal per pool over the window since the last call (``restart`` False: a
         look at the window so far, which keeps counting).
 
-        Demand is the calls that ended in the window (answered or refused) times the mean work
-        of a served call so far (work: prompt tokens not served from cache plus completion
-        tokens; an agentic call resends a mostly cached context), as the simulator senses it:
-        a saturated pool refuses what it cannot serve, so work served alone would hide the
-        demand that needs more replicas. SLO attainment is the
-        share of calls answered 200 (a proxy: latency SLOs are not counted per call in the
-        registry yet).
+        Demand is the calls that started in the window (those that ended, answered or
+        refused, plus the growth of the calls in flight at the pool's endpoints) times the
+        mean work of a served call so far (work: prompt tokens not served from cache plus
+        completion tokens; an agentic call resends a mostly cached context), as the simulator
+        senses arrivals: a saturated pool refuses what it cannot serve, so work served alone
+        would hide the demand that needs more replicas, and calls counted as they end would
+        show a burst a call's duration late. SLO attainment is the share of calls answered
+        200 (a proxy: latency SLOs are not counted per call in the registry yet).
         """
         window_s = self.config.tick_s if self._last_s is None else max(1e-3, now - self._last_s)
         if restart:
@@ -274,28 +276,19 @@ class AutoscaleController:
         counts = _pool_counts(self._registry)
         for pool in self.autoscaler.policies:
             tokens, ok, total = counts.get(pool, (0.0, 0.0, 0.0))
-            prev = self._last.get(pool, (tokens, ok, total))
+            serving, starting, waiting, in_flight = _pool_views(views, pool)
+            prev = self._last.get(pool, (tokens, ok, total, in_flight))
             if restart or pool not in self._last:
-                self._last[pool] = (tokens, ok, total)
+                self._last[pool] = (tokens, ok, total, in_flight)
             done = total - prev[2]
-            serving: dict[str, int] = {}
-            starting: dict[str, int] = {}
-            waiting = 0
-            for v in views:
-                if not v.serves(pool):
-                    continue
-                waiting += v.load.num_waiting
-                if v.state is EndpointState.READY:
-                    serving[v.info.gpu] = serving.get(v.info.gpu, 0) + 1
-                elif v.state is EndpointState.WARMING:
-                    starting[v.info.gpu] = starting.get(v.info.gpu, 0) + 1
+            started = max(0.0, done + in_flight - prev[3])
             out.append(
                 PoolSignal(
                     pool=pool,
                     now_s=now,
                     window_s=window_s,
-                    tokens=done * (tokens / ok if ok > 0 else TOKENS_PER_WAITING_CALL),
-                    requests=int(done),
+                    tokens=started * (tokens / ok if ok > 0 else TOKENS_PER_WAITING_CALL),
+                    requests=int(started),
                     backlog_tokens=TOKENS_PER_WAITING_CALL * waiting,
                     slo_attainment=None if done <= 0 else min(1.0, (ok - prev[1]) / done),
                     serving=serving,
@@ -336,6 +329,26 @@ class AutoscaleController:
             }
             for d in self.decisions
         ]
+
+
+def _pool_views(
+    views: list[EndpointView], pool: str
+) -> tuple[dict[str, int], dict[str, int], int, int]:
+    """The pool's endpoints: ready and warming ones by GPU, engine waiting calls and the
+    gateway's calls in flight there."""
+    serving: dict[str, int] = {}
+    starting: dict[str, int] = {}
+    waiting = in_flight = 0
+    for v in views:
+        if not v.serves(pool):
+            continue
+        waiting += v.load.num_waiting
+        in_flight += v.in_flight
+        if v.state is EndpointState.READY:
+            serving[v.info.gpu] = serving.get(v.info.gpu, 0) + 1
+        elif v.state is EndpointState.WARMING:
+            starting[v.info.gpu] = starting.get(v.info.gpu, 0) + 1
+    return serving, starting, waiting, in_flight
 
 
 def _starting(fleet: EmbeddedFleet | None, views: list[EndpointView]) -> dict[str, dict[str, int]]:

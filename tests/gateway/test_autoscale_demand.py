@@ -61,3 +61,33 @@ def test_a_surge_is_seen_in_the_window_so_far_without_consuming_it() -> None:
     # Looking did not restart the window: the tick sees all 44 calls over 3 s.
     (signal,) = ctl.sense(123.0)
     assert signal.requests == 44 and signal.window_s == 3.0
+
+
+def test_demand_counts_calls_that_started_not_only_those_that_ended() -> None:
+    from prometheus_client import CollectorRegistry as Registry
+
+    from inferplane.core.types import EndpointInfo, EndpointState, EndpointView, EngineKind
+
+    registry = Registry()
+    requests = Counter(
+        "inferplane_requests", "r", ("model", "priority", "status"), registry=registry
+    )
+    tokens = Counter("inferplane_tokens", "t", ("model", "kind"), registry=registry)
+    info = EndpointInfo("e0", "http://127.0.0.1:1", EngineKind.VLLM, (MODEL,), "h100", 2.0, "r")
+    in_flight = [3]
+
+    def views(now: float) -> list[EndpointView]:
+        return [EndpointView(info, EndpointState.READY, in_flight=in_flight[0])]
+
+    config = AutoscaleConfig(enabled=True, pools=(PoolScaleConfig(model=MODEL, gpus=("h100",)),))
+    ctl = AutoscaleController(config, registry, views, [])
+    ctl.sense(0.0)
+    _served(requests, tokens, calls=4, prompt=1000, cached=0)  # 4 ended ...
+    in_flight[0] = 9  # ... and 6 more are in flight than at the window's start
+    (signal,) = ctl.sense(5.0)
+    assert signal.requests == 10 and signal.tokens == 10 * 1100
+    assert signal.serving == {"h100": 1}
+    in_flight[0] = 1  # 8 of those ended, nothing new started
+    _served(requests, tokens, calls=8, prompt=1000, cached=0)
+    (quiet,) = ctl.sense(10.0)
+    assert quiet.requests == 0
