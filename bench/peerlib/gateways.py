@@ -197,6 +197,20 @@ def set_config_leaf(cfg: dict[str, Any], path: list[str], value: float) -> None:
     node[path[-2]] = parent
 
 
+def _router_limits(policy: str) -> tuple[str, list[str]]:
+    """``"cache_aware+limit=128+queue=0"`` -> ("cache_aware", [--max-concurrent-requests...]).
+
+    The routers' own concurrency limiter (off by default): at most ``limit`` calls in
+    flight, ``queue`` more waiting, the rest answered 429 at once."""
+    name, *opts = policy.split("+")
+    flags = {"limit": "--max-concurrent-requests", "queue": "--queue-size"}
+    extra: list[str] = []
+    for opt in opts:
+        key, _, value = opt.partition("=")
+        extra += [flags[key], str(int(value))]
+    return name, extra
+
+
 def _router_cmd(spec: GatewaySpec, python: Path, urls: list[str], port: int) -> list[str]:
     module = (
         "sglang_router.launch_router"
@@ -214,7 +228,8 @@ def _router_cmd(spec: GatewaySpec, python: Path, urls: list[str], port: int) -> 
         "--worker-urls",
         *urls,
         "--policy",
-        spec.policy or "cache_aware",
+        *_router_limits(spec.policy or "cache_aware")[:1],
+        *_router_limits(spec.policy or "cache_aware")[1],
         "--prometheus-host",
         "127.0.0.1",
         "--prometheus-port",

@@ -287,3 +287,20 @@ def test_named_variant_expands_to_its_config(tmp_path: Path) -> None:
     assert share["slot_share"] == {"critical": 0.0, "standard": 0.2, "sheddable": 0.25}
     assert share["tpot_share"]["standard"] == share["tpot_share"]["sheddable"] == 1.0
     assert gw.parse_spec("inferplane:fit16").label == "inferplane fit16"
+
+
+def test_router_rows_can_turn_on_the_routers_own_concurrency_limit() -> None:
+    from peerlib import gateways as gw
+
+    spec = gw.parse_spec("sglang-router:cache_aware+limit=128+queue=0")
+    cmd = gw._router_cmd(spec, Path("python"), ["http://a"], 9000)
+    i = cmd.index("--policy")
+    assert cmd[i + 1 : i + 6] == [
+        "cache_aware",
+        "--max-concurrent-requests",
+        "128",
+        "--queue-size",
+        "0",
+    ]
+    plain = gw._router_cmd(gw.parse_spec("vllm-router"), Path("python"), ["http://a"], 9000)
+    assert "--max-concurrent-requests" not in plain and "cache_aware" in plain
