@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -32,7 +33,7 @@ from peerlib import gateways as gw
 from peerlib import workloads as wl
 from peerlib.breakdown import breakdown, breakdown_lines
 from peerlib.overhead import measure_overhead, overhead_lines
-from peerlib.procs import FleetProc, run_load
+from peerlib.procs import FleetProc, children_cpu_s, cpu_s, run_load
 from peerlib.report import not_run_lines, table, target_lines
 from peerlib.stats import Row, RunInfo, summarize
 
@@ -138,8 +139,8 @@ def measure_capacity(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 
 def run_cell(
     args: argparse.Namespace, spec: gw.GatewaySpec, workload: wl.Workload, workdir: Path
-) -> tuple[Row, dict[str, int]]:
-    """One gateway on one workload: its row and where its offered tasks went."""
+) -> tuple[Row, dict[str, Any]]:
+    """One gateway on one workload: its row, where its offered tasks went, CPU used."""
     fleet = FleetProc(args, workdir)
     try:
         running = gw.start(spec, fleet.endpoints, workdir, max_num_seqs=args.max_num_seqs)
@@ -152,7 +153,13 @@ def run_cell(
                 "engine_urls": fleet.urls,
                 "workload": wl.to_json(workload),
             }
+            before = (cpu_s(fleet.proc.pid), cpu_s(running.proc.pid), children_cpu_s())
+            load_avg = os.getloadavg()[0]
             result = run_load(load, workdir, workload.duration_s + drain_s + 120)
+            after = (cpu_s(fleet.proc.pid), cpu_s(running.proc.pid), children_cpu_s())
+            used = [round(b - a, 1) for a, b in zip(before, after, strict=True)]
+            result["cpu_s"] = dict(zip(("fleet", "gateway", "load"), used, strict=True))
+            result["load_avg"] = [round(load_avg, 2), round(os.getloadavg()[0], 2)]
             result["gateway_counters"] = gw.gateway_counters(running)
             result["gateway_prefix"] = gw.gateway_prefix(running)
             raw = gw.CACHE / "raw" / f"{workload.name}-{spec.label.replace(' ', '-')}.json"
@@ -180,7 +187,27 @@ def run_cell(
         file=sys.stderr,
         flush=True,
     )
-    return row, outcomes
+    return row, {**outcomes, **cpu_fields(result)}
+
+
+def cpu_fields(result: dict[str, Any]) -> dict[str, Any]:
+    """The cell's CPU seconds per process and the machine's load average (start, end)."""
+    cpu = result.get("cpu_s") or {}
+    return {f"cpu_s_{k}": v for k, v in cpu.items()} | {"load_avg": result.get("load_avg")}
+
+
+def cpu_lines(cells: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """Who used the 2 CPUs during each cell (arrival window + drain)."""
+    out = [
+        "CPU seconds during each cell (fleet / gateway / load generator) and load average "
+        "at its start -> end:",
+        "",
+    ]
+    for label, c in cells:
+        cpu = [c.get(f"cpu_s_{k}") for k in ("fleet", "gateway", "load")]
+        avg = c.get("load_avg") or [None, None]
+        out.append(f"- {label}: {cpu[0]} / {cpu[1]} / {cpu[2]} s; load {avg[0]} -> {avg[1]}")
+    return out
 
 
 def install_all(specs: list[gw.GatewaySpec]) -> dict[str, str]:
@@ -305,7 +332,7 @@ def orchestrate(args: argparse.Namespace) -> None:
         workload = wl.build(kind, scale, args.seed)
         print(f"{kind}: {len(workload.tasks)} tasks", file=sys.stderr, flush=True)
         rows: list[Row] = []
-        outcomes: list[tuple[str, dict[str, int]]] = []
+        outcomes: list[tuple[str, dict[str, Any]]] = []
         for spec in specs:
             if spec.label in not_run:
                 continue
@@ -334,6 +361,8 @@ def orchestrate(args: argparse.Namespace) -> None:
             "Where the offered tasks went (bench/peerlib/breakdown.py):",
             "",
             *breakdown_lines(outcomes),
+            "",
+            *cpu_lines(outcomes),
         ]
     if not args.skip_overhead:
         doc["overhead"] = measure_overhead(args, specs, not_run, workdir)

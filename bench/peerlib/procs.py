@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
 import subprocess
 import sys
 import time
@@ -19,6 +21,23 @@ from peerlib import gateways as gw
 from peerlib.stats import prefix_counts
 
 PEERS = Path(__file__).resolve().parents[1] / "peers.py"
+
+
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, own and reaped children) of process ``pid``; 0 if gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat.rsplit(")", 1)[1].split()  # after "pid (comm)": state is fields[0]
+    ticks = sum(int(v) for v in fields[11:15])  # utime stime cutime cstime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu_s() -> float:
+    """CPU seconds of this process's reaped children (the load generator, once done)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 class FleetProc:
