@@ -5,9 +5,9 @@ fits, not excluded by the caller, e.g. an endpoint that already failed this call
 adapter is served under its own model name (as vLLM lists it in ``/v1/models``), so "adapter
 present" is the model check. Stage two needs the latency predictions: latency-bound calls
 never go to a warming replica while a ready one meets their budget, and critical calls
-never to a replica predicted to miss their budget while another meets it (a long critical
-answer sent to a slower, cheaper GPU because it won on cost and load missed its deadline
-there). Pure functions.
+only to replicas predicted to meet their budget about as well as the best one (a long
+critical answer sent to a slower, cheaper GPU because it won on cost and load missed its
+deadline there). Pure functions.
 """
 
 from __future__ import annotations
@@ -84,20 +84,33 @@ def prefer_warm(
     return kept, refused
 
 
+#: A critical call goes only to endpoints whose predicted share of its budget is within
+#: this factor of the best one's: a prediction that "meets" is an estimate, and a slower
+#: replica that barely meets it decodes past the deadline once its batch grows.
+CRITICAL_NEAR_BEST = 1.2
+
+
 def prefer_meeting_budget(
-    call: CallContext, views: Sequence[EndpointView], meets_budget: Mapping[str, bool]
+    call: CallContext,
+    views: Sequence[EndpointView],
+    meets_budget: Mapping[str, bool],
+    budget_uses: Mapping[str, float | None] | None = None,
 ) -> tuple[list[EndpointView], list[tuple[str, str]]]:
-    """Drop endpoints predicted to miss a critical call's budget when another meets it."""
+    """For a critical call, keep the endpoints that meet its budget (all when none does)
+    and, given ``budget_uses``, use at most ``CRITICAL_NEAR_BEST`` x the best share of it
+    (when none meets it: the ones that miss it least)."""
     if call.priority is not PriorityClass.CRITICAL or not is_latency_bound(call):
         return list(views), []
-    if all(meets_budget.get(v.name, False) for v in views) or not any(
-        meets_budget.get(v.name, False) for v in views
-    ):
-        return list(views), []
-    kept = [v for v in views if meets_budget.get(v.name, False)]
+    meeting = [v for v in views if meets_budget.get(v.name, False)] or list(views)
+    uses = budget_uses or {}
+    known = [u for v in meeting if (u := uses.get(v.name)) is not None]
+    if known:
+        limit = min(known) * CRITICAL_NEAR_BEST
+        meeting = [v for v in meeting if (u := uses.get(v.name)) is None or u <= limit]
+    kept_names = {v.name for v in meeting}
     refused = [
-        (v.name, "predicted to miss the budget; another endpoint meets it")
+        (v.name, "misses the budget, or uses much more of it than the best endpoint")
         for v in views
-        if not meets_budget.get(v.name, False)
+        if v.name not in kept_names
     ]
-    return kept, refused
+    return meeting, refused

@@ -121,7 +121,7 @@ def route(
         use = uses[name] = budget_use(call, estimate, now, cfg)
         meets[name] = use is None or use <= 1.0
     candidates, dropped = prefer_warm(call, candidates, meets)
-    candidates, missing = prefer_meeting_budget(call, candidates, meets)
+    candidates, missing = prefer_meeting_budget(call, candidates, meets, uses)
     dropped += missing
     if len(candidates) == 1 and cfg.explain_top == 0:
         return _only_candidate(candidates[0].name, estimates, meets, refused + dropped, rng)

@@ -25,12 +25,15 @@ def test_only_critical_latency_bound_calls_drop_missing_endpoints() -> None:
     meets = {"fast": True, "slow": False}
     kept, refused = prefer_meeting_budget(call(priority=CRIT, deadline_s=30.0), views, meets)
     assert [v.name for v in kept] == ["fast"]
-    assert refused and refused[0][0] == "slow" and "miss the budget" in refused[0][1]
+    assert refused and refused[0][0] == "slow" and "misses the budget" in refused[0][1]
     for c in (call(priority=STD, deadline_s=30.0), call(priority=CRIT)):  # standard; no budget
         assert [v.name for v in prefer_meeting_budget(c, views, meets)[0]] == ["fast", "slow"]
     none_meet = {"fast": False, "slow": False}  # nothing meets: rank them all, best effort
     kept, refused = prefer_meeting_budget(call(priority=CRIT, deadline_s=30.0), views, none_meet)
     assert len(kept) == 2 and refused == []
+    uses: dict[str, float | None] = {"fast": 1.1, "slow": 2.0}  # ...or the least late
+    kept, _ = prefer_meeting_budget(call(priority=CRIT, deadline_s=30.0), views, none_meet, uses)
+    assert [v.name for v in kept] == ["fast"]
 
 
 def _predictor() -> LatencyPredictor:
@@ -52,3 +55,15 @@ def test_a_long_critical_answer_goes_where_it_meets_its_deadline() -> None:
     std = call(priority=STD, deadline_s=30.0, max_tokens=600)
     decision = route(std, [fast, slow], 0.0, random.Random(0), predictor=pred)
     assert {r.name for r in decision.ranked} == {"fast", "slow"}  # standard: ranked as before
+
+
+def test_critical_calls_go_only_near_the_best_prediction() -> None:
+    views = [view("fast"), view("slow"), view("close")]
+    meets = {"fast": True, "slow": True, "close": True}
+    uses: dict[str, float | None] = {"fast": 0.5, "slow": 0.9, "close": 0.59}
+    c = call(priority=CRIT, deadline_s=30.0)
+    kept, refused = prefer_meeting_budget(c, views, meets, uses)
+    assert [v.name for v in kept] == ["fast", "close"]  # 0.59 <= 1.2 x 0.5 < 0.9
+    assert [r[0] for r in refused] == ["slow"]
+    std = call(priority=STD, deadline_s=30.0)
+    assert len(prefer_meeting_budget(std, views, meets, uses)[0]) == 3
