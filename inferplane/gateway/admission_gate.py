@@ -148,10 +148,10 @@ class AdmissionGate:
         core = self.core
         if core.queue or call.workflow_id is not None:
             return False
+        if call.deadline_s is not None or call.ttft_budget_s is not None:
+            return False  # the full path weighs (and notes) its budgets
         if core.config.mode is AdmissionMode.INFERPLANE:
             core.note_arrival(call, now)  # demand the headroom protects (budget-less)
-        if call.deadline_s is not None or call.ttft_budget_s is not None:
-            return False
         cfg, predictor, model = core.config, core.predictor, call.model
         free, saturation, accepting = 0, 0.0, 0
         for view in pool:
