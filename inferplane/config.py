@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from inferplane.core.admission_config import AdmissionConfig
 from inferplane.core.cache_config import CacheConfig
 from inferplane.core.routing_config import RoutingConfig
 from inferplane.core.types import EndpointInfo, EngineKind, PriorityClass
+from inferplane.engine.profiles import KNOB_NAMES
 from inferplane.gateway.observability_config import AutoscaleConfig, TracingConfig
 from inferplane.gateway.reliability_config import ReliabilityConfig
 from inferplane.state.config import StateConfig
@@ -52,6 +53,20 @@ class EmulatedConfig(_Frozen):
 
     time_scale: float = Field(default=1.0, gt=0)
     engine_model: str | None = None  # the profile's model name, when served under another
+    #: Profile knobs the engine was started with (e.g. ``max_num_seqs: 16``), so the
+    #: gateway's latency prior matches the engine rather than the data file's defaults.
+    overrides: dict[str, float] = Field(default_factory=dict)
+
+    @field_validator("overrides")
+    @classmethod
+    def _known_knobs(cls, value: dict[str, float]) -> dict[str, float]:
+        unknown = sorted(set(value) - KNOB_NAMES)
+        if unknown:
+            raise ValueError(f"unknown engine knob(s) {unknown}; known: {sorted(KNOB_NAMES)}")
+        bad = sorted(k for k, v in value.items() if not v > 0)
+        if bad:
+            raise ValueError(f"engine knob(s) {bad} must be > 0")
+        return value
 
 
 class EndpointConfig(_Frozen):

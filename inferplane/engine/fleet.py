@@ -54,6 +54,7 @@ class EngineSpec:
     kv_replay_port: int = 0
     seed: int = 0
     faults: FaultConfig = field(default_factory=FaultConfig)
+    profile_overrides: tuple[tuple[str, float], ...] = ()  # e.g. (("max_num_seqs", 16),)
 
     def __post_init__(self) -> None:
         if self.count < 1:
@@ -124,6 +125,8 @@ class EngineHandle:
                 "engine_model": self.spec.model if self.spec.served_model_name else None,
             },
         }
+        if self.spec.profile_overrides:
+            entry["emulated"]["overrides"] = dict(self.spec.profile_overrides)
         if self.kv_events_endpoint is not None:
             entry["kv_events"] = {
                 "endpoint": self.kv_events_endpoint,
@@ -153,6 +156,7 @@ def engine_configs(specs: Sequence[EngineSpec]) -> list[tuple[str, EngineSpec, E
                 kv_encoding=spec.kv_encoding,
                 cold_start=spec.cold_start,
                 faults=spec.faults,
+                profile_overrides=spec.profile_overrides,
             )
             out.append((f"{prefix}-{i}", spec, config))
     names = [name for name, _, _ in out]

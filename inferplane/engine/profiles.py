@@ -114,6 +114,7 @@ class EngineProfile:
         return self.gpu.price_per_hour_usd * self.tensor_parallel
 
 
+#: The profile knobs a deployment may override (vLLM flags and fitted constants), by type.
 _KNOB_TYPES: dict[str, type] = {
     "mfu": float,
     "eta": float,
@@ -129,6 +130,9 @@ _KNOB_TYPES: dict[str, type] = {
     "tp_efficiency": float,
     "allreduce_latency_s": float,
 }
+
+#: Names of the overridable knobs, for config validation.
+KNOB_NAMES: frozenset[str] = frozenset(_KNOB_TYPES)
 
 
 @functools.cache

@@ -75,6 +75,8 @@ class EngineConfig:
     cold_start: bool = False
     max_in_flight: int = 4096  # beyond this a new request gets 503 (the queue is bounded)
     faults: FaultConfig = field(default_factory=FaultConfig)
+    #: Profile knobs this engine runs with instead of the data file's (e.g. max_num_seqs).
+    profile_overrides: tuple[tuple[str, float], ...] = ()
 
     @property
     def model_name(self) -> str:
@@ -113,7 +115,12 @@ class EngineServer:
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        profile = load_profile(config.model, config.gpu, config.tensor_parallel)
+        profile = load_profile(
+            config.model,
+            config.gpu,
+            config.tensor_parallel,
+            overrides=dict(config.profile_overrides),
+        )
         start_state = EngineState.COLD if config.cold_start else EngineState.READY
         self.model = EngineModel(
             profile, time_scale=config.time_scale, seed=config.seed, start_state=start_state

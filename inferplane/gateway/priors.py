@@ -54,7 +54,9 @@ def prior_for_endpoint(endpoint: EndpointConfig) -> EndpointPrior | None:
         return None
     model = emulated.engine_model or endpoint.models[0]
     try:
-        profile = load_profile(model, endpoint.gpu, endpoint.tensor_parallel)
+        profile = load_profile(
+            model, endpoint.gpu, endpoint.tensor_parallel, overrides=emulated.overrides
+        )
     except (KeyError, ValueError):
         return None
     return prior_from_profile(profile, emulated.time_scale)
