@@ -99,6 +99,7 @@ class PrefixIndex:
         self._endpoints: dict[str, _Endpoint] = {}
         self._holders: dict[int, int] = {}  # key -> bit mask of endpoints holding it
         self._free_bits: list[int] = []
+        self._num_approximate = 0  # endpoints whose entries expire by age (expire() scans)
         self._num_entries = 0
         self._num_engine_hashes = 0
         self._speculative: deque[tuple[float, str, Sequence[int]]] = deque()
@@ -115,15 +116,19 @@ class PrefixIndex:
                 self._free_bits.append(1 << len(self._endpoints))
             bit = self._free_bits.pop()
             self._endpoints[name] = _Endpoint(name=name, bit=bit, source=source)
+            self._num_approximate += source is IndexSource.APPROXIMATE
         elif ep.source is not source:
             self.clear_endpoint(name)
+            self._num_approximate += 1 if source is IndexSource.APPROXIMATE else -1
             ep.source = source
 
     def remove_endpoint(self, name: str) -> None:
         """Forget an endpoint entirely (it left the fleet)."""
         if name in self._endpoints:
             self.clear_endpoint(name)
-            self._free_bits.append(self._endpoints.pop(name).bit)
+            ep = self._endpoints.pop(name)
+            self._num_approximate -= ep.source is IndexSource.APPROXIMATE
+            self._free_bits.append(ep.bit)
 
     def clear_endpoint(self, name: str) -> None:
         """Drop everything known about an endpoint's cache (restart, lost events)."""
@@ -265,7 +270,7 @@ class PrefixIndex:
                     if ep.expiry.get(key) == expires_at:
                         del ep.expiry[key]
                         self._unset(ep, key, GUESS)
-        for ep in self._endpoints.values():
+        for ep in self._endpoints.values() if self._num_approximate else ():
             if ep.source is IndexSource.APPROXIMATE:
                 self._expire_oldest(ep, now)
         gone = before - self._num_entries
