@@ -6,6 +6,8 @@ In the live fleet each vLLM engine publishes ``BlockStored`` / ``BlockRemoved`` 
 return the same events from ``advance()``; this module converts them to the core's
 decoded event values (the ones the ZMQ decoder produces) and applies them per endpoint
 at once (no network delay), so the router's KV-cache axis sees what each engine holds.
+The simulator sizes the index to every block its fleet can cache, so the engines' own LRU
+decides what goes (their ``BlockRemoved``), never the index's bound.
 Prompt block keys come from :func:`inferplane.core.prefix_index.block_keys`, the index's
 own hash, the same one the gateway computes.
 """
