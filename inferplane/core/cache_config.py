@@ -73,7 +73,7 @@ class CacheConfig(_Frozen):
     semantic_max_batch: int = Field(default=32, ge=1)
     semantic_batch_window_s: float = Field(default=0.0, ge=0.0, le=0.1)
     #: How the embedding model multiplies: None picks fp16-packed weights where the CPU has
-    #: them (float32 otherwise); "bf16" is ~1.2x faster on CPUs with native bfloat16
+    #: them (float32 otherwise); "bf16" is ~10-20% faster on CPUs with native bfloat16
     #: (similarities move by up to ~3e-3, FAQ tables unchanged); "int8" is lossy (~0.02):
     #: re-tune thresholds first. See ``inferplane.cache.minilm``.
     semantic_precision: Literal["fp32", "fp16-weights", "bf16", "int8"] | None = None
