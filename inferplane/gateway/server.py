@@ -40,8 +40,9 @@ log = logging.getLogger("inferplane.gateway.server")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-#: The longest request head (line and headers) the front server reads before handing over.
-MAX_HEAD_BYTES = 16 * 1024
+#: The longest request head (line and headers) the front server reads itself: aiohttp's
+#: longest line, so a longer head goes to aiohttp, whose limits (and 400s) then decide.
+MAX_HEAD_BYTES = 8190
 #: An idle keep-alive connection is closed after this long (aiohttp's default).
 KEEPALIVE_TIMEOUT_S = 75.0
 _ERROR_500 = (
@@ -169,7 +170,7 @@ class FrontProtocol(BaseProtocol):
         buf, front = self.buf, self.front
         pending = self._pending
         if pending is None:
-            end = buf.find(b"\r\n\r\n")
+            end = buf.find(b"\r\n\r\n", 0, MAX_HEAD_BYTES + 4)
             if end < 0:
                 if len(buf) > MAX_HEAD_BYTES:
                     self._hand_off()

@@ -258,3 +258,13 @@ async def test_a_client_that_does_not_read_gets_no_new_answers_until_it_does() -
         proto.connection_lost(None)
     finally:
         await runner.cleanup()
+
+
+async def test_a_head_over_aiohttps_line_limit_gets_aiohttps_answer() -> None:
+    async with _gateway() as (_, front, port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(_post(CHAT, extra=f"X-Long: {'a' * 9000}\r\n"))
+        status, _, _ = await _read_response(reader)
+        assert status == 400  # aiohttp refuses a header line over 8190 bytes
+        assert front.served == 0 and front.handed_off == 1
+        writer.close()
