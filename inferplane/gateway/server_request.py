@@ -106,10 +106,6 @@ class FrontRequest:
         return self._head.path
 
     @property
-    def rel_url(self) -> str:
-        return self._head.path
-
-    @property
     def headers(self) -> CIMultiDictProxy[str]:
         return self._head.headers
 
