@@ -160,7 +160,7 @@ class FrontProtocol(BaseProtocol):
         if self.transport is None:
             return
         left_s = self._idle_since_s + KEEPALIVE_TIMEOUT_S - self.front.loop.time()
-        if self.request is None and left_s <= 0:
+        if self.request is None and self._pending is None and left_s <= 0:
             self.close()
             return
         self._idle = self.front.loop.call_later(max(left_s, 1.0), self._check_idle)

@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from inferplane.gateway import server
 from inferplane.gateway.app import Gateway, start_server
 from inferplane.gateway.server import FRONT_ROUTES, Front, FrontRoutes, FrontSite
 from inferplane.gateway.server_request import parse_head
@@ -267,4 +268,24 @@ async def test_a_head_over_aiohttps_line_limit_gets_aiohttps_answer() -> None:
         status, _, _ = await _read_response(reader)
         assert status == 400  # aiohttp refuses a header line over 8190 bytes
         assert front.served == 0 and front.handed_off == 1
+        writer.close()
+
+
+async def test_idle_keep_alive_connections_close_but_a_body_in_progress_does_not(
+    monkeypatch: Any,
+) -> None:
+    monkeypatch.setattr(server, "KEEPALIVE_TIMEOUT_S", 0.2)
+    async with _gateway() as (_, front, port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(_post(CHAT))
+        assert (await _read_response(reader))[0] == 200
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # idle: closed by the server
+        writer.close()
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        data = _post(CHAT)
+        writer.write(data[:-10])  # the head and part of the body
+        await asyncio.sleep(1.5)  # beyond the idle timeout (checked at least once a second)
+        writer.write(data[-10:])
+        assert (await _read_response(reader))[0] == 200
+        assert front.served == 2
         writer.close()
