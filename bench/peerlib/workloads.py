@@ -104,6 +104,10 @@ class Scale:
 
 DEADLINE_SLACK = 2.0  # a call's deadline: twice what it takes on a fleet at capacity
 PROBE_PROMPT_TOKENS = 300  # the capacity probe's chat prompts, roughly
+# Modelled seconds per uncached prompt token (the engines' perf model: llama-3-8b on an H100
+# prefills 2000 tokens in 68 ms, 0.034 ms each; the earlier 0.4 ms was 12x that, so long
+# prompts and late agent steps had deadlines of tens of seconds that nothing could miss).
+PREFILL_S_PER_TOKEN = 0.00004
 
 
 def _vocabulary(size: int = 8192) -> tuple[str, ...]:
@@ -125,13 +129,14 @@ def _deadline_s(scale: Scale, prompt_tokens: int, max_tokens: int) -> float:
 
     At capacity (the probe's load) a call waits ``ttft_at_capacity_s`` for its first
     token and ``tbt_at_capacity_s`` per further token; a longer prompt than the probe's
-    adds prefill at 0.4 ms per modelled token. Without probe figures (unit tests), a
+    adds its uncached prefill (``PREFILL_S_PER_TOKEN``). Without probe figures (unit tests), a
     budget in modelled seconds of a loaded engine, scaled to wall time.
     """
     if scale.ttft_at_capacity_s is None or scale.tbt_at_capacity_s is None:
         modelled = 0.5 + 0.0004 * prompt_tokens + 0.04 * max_tokens
         return round(modelled * scale.time_scale, 3)
-    prefill_s = 0.0004 * max(0, prompt_tokens - PROBE_PROMPT_TOKENS) * scale.time_scale
+    extra_tokens = max(0, prompt_tokens - PROBE_PROMPT_TOKENS)
+    prefill_s = PREFILL_S_PER_TOKEN * extra_tokens * scale.time_scale
     at_capacity = scale.ttft_at_capacity_s + prefill_s + scale.tbt_at_capacity_s * max_tokens
     return round(DEADLINE_SLACK * at_capacity, 3)
 

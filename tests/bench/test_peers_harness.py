@@ -304,3 +304,16 @@ def test_router_rows_can_turn_on_the_routers_own_concurrency_limit() -> None:
     ]
     plain = gw._router_cmd(gw.parse_spec("vllm-router"), Path("python"), ["http://a"], 9000)
     assert "--max-concurrent-requests" not in plain and "cache_aware" in plain
+
+
+def test_long_prompts_add_the_engines_prefill_time_to_the_deadline() -> None:
+    from inferplane.engine.perf import PerfModel
+    from inferplane.engine.profiles import load_profile
+
+    probed = wl.Scale(20.0, 2000.0, 10.0, ttft_at_capacity_s=1.0, tbt_at_capacity_s=0.1)
+    work = wl.build(wl.WorkloadKind.SHARED_PREFIX, probed, seed=2)
+    call = work.tasks[0].calls[0]
+    extra = wl.DEADLINE_SLACK * (call.deadline_s / wl.DEADLINE_SLACK - 1.0 - 0.1 * call.max_tokens)
+    prefill_s = PerfModel(load_profile("llama-3-8b", "h100")).prefill_s(2040 - 300) * 10.0
+    # what the engine model needs to prefill the extra tokens, within 25% (rounded up)
+    assert prefill_s <= extra / wl.DEADLINE_SLACK <= 1.25 * prefill_s
