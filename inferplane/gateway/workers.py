@@ -66,6 +66,7 @@ def _worker_main(
     from inferplane.gateway.app import Gateway
     from inferplane.gateway.cli import run_until_signalled
     from inferplane.gateway.logs import configure_logging
+    from inferplane.gateway.server import FrontSite
     from inferplane.gateway.shared_ledger import setup_workflow_routes
 
     configure_logging(log_level)
@@ -83,7 +84,10 @@ def _worker_main(
             app, handler_cancellation=True, access_log=None, shutdown_timeout=drain_timeout_s
         )
         await runner.setup()
-        site = web.TCPSite(runner, host, port, backlog=2048, reuse_port=True)
+        site = FrontSite(
+            runner, host, port, backlog=2048, reuse_port=True,
+            front_shutdown_timeout_s=drain_timeout_s,
+        )  # fmt: skip
         await site.start()
         ready.put((index, multiprocessing.current_process().pid or 0))
         orphan_watch = asyncio.create_task(_watch_parent(stop))
