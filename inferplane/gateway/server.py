@@ -238,10 +238,10 @@ class FrontProtocol(BaseProtocol):
         transport = self.transport
         if transport is None or transport.is_closing():
             return False
+        if not response.prepared:  # response-prepare hooks (a worker's tag) go first
+            await request._prepare_hook(response)
         keep_alive = request.keep_alive and response.keep_alive is not False
-        # With response-prepare hooks (another layer adds headers) aiohttp's writer runs them.
-        hooks = bool(request.app.on_response_prepare)
-        data = None if hooks else encode_response(response, keep_alive)
+        data = encode_response(response, keep_alive)
         if data is not None:
             transport.write(data)
             return keep_alive

@@ -87,7 +87,7 @@ class FrontRequest:
     """One request served by the front server, shaped like the ``web.Request`` it stands for
     (only what the generation handlers, the middlewares and ``StreamResponse`` use)."""
 
-    __slots__ = ("_body", "_head", "_protocol", "_writer", "app", "task")
+    __slots__ = ("_body", "_head", "_hooked", "_protocol", "_writer", "app", "task")
 
     method = "POST"
     version: HttpVersion = HttpVersion11
@@ -99,6 +99,7 @@ class FrontRequest:
         self._body = body
         self._protocol = protocol
         self._writer: StreamWriter | None = None
+        self._hooked: web.StreamResponse | None = None  # the response the signal was sent for
         self.task: asyncio.Task[Any] | None = None
 
     @property
@@ -132,7 +133,9 @@ class FrontRequest:
         return self._writer
 
     async def _prepare_hook(self, response: web.StreamResponse) -> None:
-        if self.app.on_response_prepare:
+        """The app's ``on_response_prepare`` signal, once per response."""
+        if self.app.on_response_prepare and self._hooked is not response:
+            self._hooked = response
             await self.app.on_response_prepare.send(cast(web.Request, self), response)
 
 

@@ -289,3 +289,29 @@ async def test_idle_keep_alive_connections_close_but_a_body_in_progress_does_not
         assert (await _read_response(reader))[0] == 200
         assert front.served == 2
         writer.close()
+
+
+async def test_response_prepare_hooks_run_once_per_answer() -> None:
+    calls: list[str] = []
+
+    async def tag(request: web.Request, response: web.StreamResponse) -> None:
+        calls.append(request.path)
+        response.headers["X-Tag"] = "t"
+
+    async with fake_engines(1) as engines:
+        gw = Gateway(fleet_config(engines))
+        app = gw.build_app()
+        app.on_response_prepare.append(tag)
+        runner, port = await start_server(app, "127.0.0.1", 0)
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(_post(CHAT))
+            status, headers, _ = await _read_response(reader)
+            assert status == 200 and headers["x-tag"] == "t"
+            writer.write(_post(orjson.dumps({**orjson.loads(CHAT), "stream": True})))
+            status, headers, body = await _read_response(reader)
+            assert status == 200 and headers["x-tag"] == "t" and body.endswith(b"[DONE]\n\n")
+            assert calls == ["/v1/chat/completions"] * 2
+            writer.close()
+        finally:
+            await runner.cleanup()
