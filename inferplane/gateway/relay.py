@@ -19,8 +19,9 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from inferplane.core.resumption import ResumptionPlan, StreamKind, StreamStitcher
+from inferplane.core.resumption import ResumptionPlan, StreamKind
 from inferplane.core.retry import FailureKind
+from inferplane.core.stitcher import StreamStitcher
 from inferplane.gateway.context import ApiKind, RequestContext
 from inferplane.gateway.errors import ApiError, is_error_json, sse_error_event
 from inferplane.gateway.exchange import Exchange, Finisher

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from inferplane.core.resumption import StreamStitcher
+from inferplane.core.stitcher import StreamStitcher
 
 if TYPE_CHECKING:
     from inferplane.gateway.exchange import Exchange

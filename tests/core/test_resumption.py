@@ -13,10 +13,10 @@ from inferplane.core.resumption import (
     ResumeAction,
     StreamKind,
     StreamProgress,
-    StreamStitcher,
     plan_resumption,
 )
 from inferplane.core.retry import FailureKind
+from inferplane.core.stitcher import StreamStitcher
 
 CHAT, COMPLETION = StreamKind.CHAT, StreamKind.COMPLETION
 RESET = FailureKind.RESET
