@@ -11,12 +11,9 @@ Model (per endpoint, from a prior of the endpoint's hardware, calibrated online)
   queue, its waiting count times the mean uncached prompt) over the same rate, plus decode
   interference (running decodes take a share of every chunked-prefill step and add their
   per-sequence cost to each chunk), plus the wait for a sequence slot when the batch is
-  full or the engine queues (calls ahead x mean output tokens x TPOT / slots), plus the
-  first step itself. The slots are ``max_num_seqs``, or the running calls once KV usage
-  reaches ``kv_full`` (the batch cannot grow: a memory-bound engine admits a call only as
-  one ends); the mean output is the prior's, or less when dispatched calls ask for less.
-  A fully cached call on a saturated replica therefore still predicts a long TTFT, which
-  is what lets routing leave a hot prefix holder.
+  full or the engine queues (calls ahead x mean output tokens x TPOT / max_num_seqs),
+  plus the first step itself. A fully cached call on a saturated replica therefore still
+  predicts a long TTFT, which is what lets routing leave a hot prefix holder.
 * TPOT = base + per-sequence cost x batch + full-KV read cost x KV usage.
 
 Calibration: each observed TTFT (TPOT) divided by the uncalibrated prediction made at
@@ -101,7 +98,6 @@ class LatencyPredictor:
         self._queued_tokens: dict[str, int] = {}
         self._queued_calls: dict[str, int] = {}
         self._mean_uncached = _INITIAL_MEAN_UNCACHED_TOKENS
-        self._mean_output: float | None = None  # of dispatched calls' max_tokens
 
     # -- priors and factors ---------------------------------------------------------------
 
@@ -157,14 +153,10 @@ class LatencyPredictor:
         own_s = max(0, num_uncached_tokens) / prior.prefill_tokens_per_s
         ahead_s, interference_s = self._prefill_ahead_s(view, prior, num_uncached_tokens)
         # No free sequence slot (or the engine already queues): wait for calls to finish.
-        slots = prior.max_num_seqs
-        if kv >= self.config.kv_full and load.num_running > 0:
-            slots = min(slots, load.num_running)  # memory-bound: one in as one ends
-        excess = max(outstanding + 1 - slots, load.num_waiting + 1 if load.num_waiting else 0)
-        mean_out = prior.mean_output_tokens
-        if self._mean_output is not None:
-            mean_out = min(mean_out, self._mean_output)
-        slot_wait_s = excess * mean_out * raw_tpot / slots
+        excess = max(
+            outstanding + 1 - prior.max_num_seqs, load.num_waiting + 1 if load.num_waiting else 0
+        )
+        slot_wait_s = excess * prior.mean_output_tokens * raw_tpot / prior.max_num_seqs
         raw_wait = ahead_s + interference_s + slot_wait_s + raw_tpot  # + the first step itself
         f_ttft = self.ttft_factor(view.name, now)
         wait_s, prefill_s = raw_wait * f_ttft, own_s * f_ttft
@@ -205,15 +197,9 @@ class LatencyPredictor:
     # -- observations ---------------------------------------------------------------------
 
     def on_dispatch(
-        self,
-        request_id: str,
-        endpoint: str,
-        num_uncached_tokens: int,
-        estimate: LatencyEstimate,
-        max_output_tokens: int | None = None,
+        self, request_id: str, endpoint: str, num_uncached_tokens: int, estimate: LatencyEstimate
     ) -> None:
-        """A call was sent: its prefill is queued work until its first token. Its
-        ``max_output_tokens`` (if known) bounds how long calls hold a batch slot."""
+        """A call was sent: its prefill is queued work until its first token."""
         self._drop(request_id)
         while len(self._pending) >= self.config.max_pending:
             self._drop(next(iter(self._pending)))
@@ -224,10 +210,6 @@ class LatencyPredictor:
         self._queued_tokens[endpoint] = self._queued_tokens.get(endpoint, 0) + tokens
         self._queued_calls[endpoint] = self._queued_calls.get(endpoint, 0) + 1
         self._mean_uncached += 0.05 * (tokens - self._mean_uncached)
-        if max_output_tokens is not None and max_output_tokens > 0:
-            mean = self._mean_output
-            tokens_out = float(max_output_tokens)
-            self._mean_output = tokens_out if mean is None else mean + 0.05 * (tokens_out - mean)
 
     def on_first_token(self, request_id: str, ttft_s: float, now: float) -> None:
         """The call's first token arrived after ``ttft_s``: calibrate, unqueue its prefill."""

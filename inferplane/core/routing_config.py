@@ -60,9 +60,6 @@ class PredictorConfig(_Frozen):
     max_factor: float = Field(default=20.0, gt=0)
     half_life_s: float = Field(default=120.0, gt=0)  # unobserved factors decay toward 1
     max_pending: int = Field(default=100_000, ge=1)  # dispatched calls awaiting first token
-    #: KV usage at which the batch cannot grow: a new call waits for running ones to end
-    #: (the running calls are the slots), however many sequence slots are free.
-    kv_full: float = Field(default=0.95, gt=0, le=1)
     default_prior: EndpointPrior = EndpointPrior()
     #: Priors by ``model@gpu`` or ``gpu`` (most specific wins), else the default prior.
     priors: dict[str, EndpointPrior] = Field(default_factory=dict)

@@ -82,40 +82,6 @@ def test_full_batch_waits_for_a_slot_even_when_cached() -> None:
     assert free.wait_s < 0.02 < full.wait_s
 
 
-def test_memory_bound_engine_admits_one_call_as_one_ends() -> None:
-    """KV full (issue 4, agentic): 5 calls run and fill the memory, 5 wait. The batch cannot
-    grow, so the slots are the 5 running calls, not 256: a call waits for 6 of them to end.
-    Dividing by 256 predicted ~0 wait, and sessions piled onto full engines."""
-    pred = _pred()
-    full = pred.predict(view("a", running=5, waiting=5, kv=1.0), "m", 0, 0.0)
-    roomy = pred.predict(view("a", running=5, waiting=5, kv=0.5), "m", 0, 0.0)
-    step_s = 0.01 + 0.001 * 11 + 0.02 * 1.0
-    queued_s = 5 * 512 / 10_000
-    interference_s = queued_s * 5 / (1000 - 5) + 3 * 5 * 0.001  # 5 decodes, 3 chunks
-    slot_s = 6 * 256 * step_s / 5
-    assert full.wait_s == pytest.approx(queued_s + interference_s + slot_s + step_s)
-    assert roomy.wait_s < full.wait_s / 10
-
-
-def test_slots_are_held_as_long_as_calls_ask_for() -> None:
-    pred = _pred()
-    busy = view("a", running=5, waiting=5, kv=1.0)
-    before = pred.predict(busy, "m", 0, 0.0)
-    for i in range(50):
-        est = pred.predict(view("b"), "m", 100, 0.0)
-        pred.on_dispatch(f"r{i}", "b", 100, est, max_output_tokens=24)
-    after = pred.predict(busy, "m", 0, 0.0)
-    step_s = 0.01 + 0.001 * 11 + 0.02
-    queue_s = pred.queued_tokens(busy) / 10_000  # the mean uncached prompt moved too
-    assert after.wait_s == pytest.approx(
-        queue_s + queue_s * 5 / 995 + 5 * 0.001 + 6 * 24 * step_s / 5 + step_s
-    )
-    assert after.wait_s < before.wait_s / 5
-    for i in range(50):  # asking for more than the prior's mean does not lengthen it
-        pred.on_dispatch(f"s{i}", "b", 100, est, max_output_tokens=4096)
-    assert pred.predict(busy, "m", 0, 0.0).wait_s <= before.wait_s
-
-
 def test_priors_most_specific_wins() -> None:
     h200 = EndpointPrior(prefill_tokens_per_s=20_000.0)
     pair = EndpointPrior(prefill_tokens_per_s=40_000.0)
