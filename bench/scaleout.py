@@ -9,8 +9,10 @@ the load generator share the cores with the workers, so scaling stops at the cor
 the number to read is whether N workers use the cores one process cannot.
 
 Quota check: sequential ``take`` of a tenant's requests/min and tokens/min buckets (one
-atomic call), in memory, in Redis (the Lua script, 127.0.0.1:6379) and in Redis through the
-resilient wrapper; p50 and p99 per call, and the added p50 over memory.
+atomic call), in memory, in Redis (the Lua script, 127.0.0.1:6379, through the store's own
+RESP client) and in Redis through the resilient wrapper; p50 and p99 per call, the added
+p50 over memory, and client CPU per call. Baseline in the same run: the same script through
+redis-py's asyncio client (what the store used before its own client).
 
 Per request through the gateway (the issue's target: Redis adds < 1 ms p50 on loopback):
 two one-worker gateways in front of the same fast backend, both with a tenant quota, one
@@ -119,8 +121,29 @@ def throughput(args: argparse.Namespace, counts: list[int]) -> list[dict[str, fl
     return rounds
 
 
+class _RedisPyTake:
+    """Baseline: the store's take script through redis-py's asyncio client."""
+
+    def __init__(self, prefix: str) -> None:
+        import redis.asyncio as aioredis
+
+        from inferplane.state.redis import _TAKE
+
+        self.prefix = prefix
+        self.client = aioredis.Redis(socket_timeout=1.0)
+        self.script = self.client.register_script(_TAKE)
+
+    async def take(self, takes: list[Any], now: float) -> Any:
+        keys = [self.prefix + "b:" + t.bucket.key for t in takes]
+        args = [repr(now), "1"]
+        for t in takes:
+            b = t.bucket
+            args += [repr(float(b.capacity)), repr(float(b.refill_per_s)), repr(float(t.amount))]
+        return await self.script(keys=keys, args=args)
+
+
 async def quota_latency(num_calls: int) -> dict[str, dict[str, float]]:
-    from inferplane.core.state import BucketSpec, BucketTake, StateStore
+    from inferplane.core.state import BucketSpec, BucketTake
     from inferplane.state.memory import MemoryStore
     from inferplane.state.redis import RedisStore
     from inferplane.state.resilient import ResilientStore
@@ -128,25 +151,31 @@ async def quota_latency(num_calls: int) -> dict[str, dict[str, float]]:
     prefix = f"bench:{uuid.uuid4().hex[:8]}:"
     redis_store = RedisStore(prefix=prefix, op_timeout_s=1.0)
     resilient = ResilientStore(RedisStore(prefix=prefix, op_timeout_s=1.0), op_timeout_s=1.0)
+    baseline = _RedisPyTake(prefix)
     takes = [BucketTake(BucketSpec("q:tenant:t:rpm", 1e12, 1e10), 1.0),
              BucketTake(BucketSpec("q:tenant:t:tpm", 1e12, 1e10), 300.0)]  # fmt: skip
-    stores: dict[str, StateStore] = {
+    stores: dict[str, Any] = {
         "memory": MemoryStore(), "redis": redis_store, "redis_resilient": resilient,
+        "redis_py_baseline": baseline,
     }  # fmt: skip
     out: dict[str, dict[str, float]] = {}
     for name, store in stores.items():
         for _ in range(200):  # warm-up: connection, script load
             await store.take(takes, time.time())
         lat: list[float] = []
+        cpu0 = time.process_time()
         for _ in range(num_calls):
             t0 = time.perf_counter()
             await store.take(takes, time.time())
             lat.append(time.perf_counter() - t0)
+        cpu_us = 1e6 * (time.process_time() - cpu0) / num_calls
         lat.sort()
-        out[name] = {"p50_us": 1e6 * lat[len(lat) // 2], "p99_us": 1e6 * lat[int(len(lat) * 0.99)]}
+        out[name] = {"p50_us": 1e6 * lat[len(lat) // 2], "p99_us": 1e6 * lat[int(len(lat) * 0.99)],
+                     "cpu_us": cpu_us}  # fmt: skip
     await redis_store.clear()
     await redis_store.close()
     await resilient.close()
+    await baseline.client.aclose()
     return out
 
 
@@ -281,13 +310,21 @@ def report(rounds: list[dict[str, float]], counts: list[int],
         errors = sum(r[f"errors_{n}"] for r in rounds)
         summary["throughput"][n] = {"rps": rps, "vs_1": ratio, "errors": errors}
         print(f"| {n} | {rps:,.0f} | {ratio:.2f}x | {errors:.0f} |")
+    report_quota(quota)
+    return summary
+
+
+def report_quota(quota: dict[str, dict[str, float]]) -> None:
     mem_p50 = quota["memory"]["p50_us"]
     print("\nQuota check (tenant requests/min + tokens/min, one atomic take), per call")
-    print("| store | p50 (us) | p99 (us) | added p50 over memory (us) |")
-    print("|---|---:|---:|---:|")
+    print("| store | p50 (us) | p99 (us) | added p50 over memory (us) | client CPU (us) |")
+    print("|---|---:|---:|---:|---:|")
     for name, q in quota.items():
-        print(f"| {name} | {q['p50_us']:.1f} | {q['p99_us']:.1f} | {q['p50_us'] - mem_p50:.1f} |")
-    return summary
+        print(f"| {name} | {q['p50_us']:.1f} | {q['p99_us']:.1f} | {q['p50_us'] - mem_p50:.1f} "
+              f"| {q['cpu_us']:.1f} |")  # fmt: skip
+    base, ours = quota["redis_py_baseline"], quota["redis"]
+    print(f"store client vs redis-py (same run): p50 {ours['p50_us'] / base['p50_us']:.2f}x, "
+          f"CPU {ours['cpu_us'] / base['cpu_us']:.2f}x")  # fmt: skip
 
 
 def main() -> None:
@@ -306,7 +343,11 @@ def main() -> None:
     lat_rounds, check = request_latency(args)
     latency = report_latency(lat_rounds, check)
     rounds = [] if args.skip_throughput else throughput(args, counts)
-    summary = report(rounds, counts, quota) if rounds else {"quota_check": quota}
+    if rounds:
+        summary = report(rounds, counts, quota)
+    else:
+        report_quota(quota)
+        summary = {"quota_check": quota}
     summary["request_latency"] = latency
     summary["load_avg"] = os.getloadavg()
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
