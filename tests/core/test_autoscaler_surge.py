@@ -118,9 +118,10 @@ def test_the_extrapolation_is_capped_by_the_observed_rate() -> None:
 def test_steady_poisson_load_rarely_reads_as_a_surge(calls_per_s: float, seed: int) -> None:
     decisions = _run(Autoscaler([_policy()]), [calls_per_s] * 400, seed=seed)
     surges = sum("surge" in d.reason for d in decisions[4:])  # after the forecast settles
-    # z >= 3 on Poisson noise: ~0.5% of ticks (the forecast's own noise adds to the
-    # count's), 1.5% allowed
-    assert surges <= 6
+    # z >= 3 on Poisson noise: ~0.5% of ticks on average (the forecast's own noise adds to
+    # the count's); over many seeds the tail reaches ~2%, so 3% is allowed (a detector
+    # reading noise as surges, e.g. z ~ 1, flags ~15% or more)
+    assert surges <= 12
     plain = _run(Autoscaler([_policy(surge_z=math.inf)]), [calls_per_s] * 400, seed=seed)
     # A false surge buys at most surge_max_factor times what the load needs, for a window.
     factor = _policy().surge_max_factor
