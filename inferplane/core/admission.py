@@ -39,7 +39,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from inferplane.core.admission_config import AdmissionConfig, AdmissionMode, PerClass
+from inferplane.core.admission_config import AdmissionConfig, AdmissionMode
 from inferplane.core.admission_stats import AdmissionSnapshot, AdmissionStats
 from inferplane.core.capacity import (
     AdmissionPredictor,
@@ -48,7 +48,7 @@ from inferplane.core.capacity import (
     pool_capacity,
     scraped_saturation,
 )
-from inferplane.core.headroom import HeadroomDemand
+from inferplane.core.headroom import HeadroomDemand, HeldConfigs
 from inferplane.core.predictor import LatencyPredictor
 from inferplane.core.queueing import ExitKind, QueueExit, QueueItem, RequestQueue
 from inferplane.core.quotas import QuotaBook
@@ -117,7 +117,7 @@ class Admission:
         self.workflows = WorkflowLedger(self.config.workflows)
         self.stats = AdmissionStats()
         self.headroom = HeadroomDemand(self.config.headroom)
-        self._held_config: dict[PerClass, AdmissionConfig] = {}  # by wait caps (a few)
+        self._held = HeldConfigs(self.config, self.headroom)
 
     # -- the decision -------------------------------------------------------------------
 
@@ -146,7 +146,7 @@ class Admission:
         self.note_arrival(call, now)
         uncached = max(0, call.num_prompt_tokens - num_cached_tokens)
         cap = self._capacity(
-            call.model, uncached, pool, self.predictor, self.config, now, call.priority
+            call.model, uncached, pool, self.predictor, self.slots_config(now), now, call.priority
         )
         decoding = self._decode_held(call.priority, call.model, pool, now)
         decision = self._decide(call, cap, now, size_bytes, decoding)
@@ -181,15 +181,12 @@ class Admission:
         return bool(tpots) and min(tpots) > cap_s
 
     def held_config(self, now: float) -> AdmissionConfig:
-        """The config with the wait caps of the demand seen now (cached per caps)."""
-        caps = self.headroom.wait_caps(now)
-        found = self._held_config.get(caps)
-        if found is None:
-            if len(self._held_config) >= 64:  # budgets drift: keep the cache bounded
-                self._held_config.clear()
-            head = self.config.headroom.model_copy(update={"max_wait_s": caps})
-            found = self._held_config[caps] = self.config.model_copy(update={"headroom": head})
-        return found
+        """The config with the holds of the demand seen now (:class:`HeldConfigs`)."""
+        return self._held.held_config(now)
+
+    def slots_config(self, now: float) -> AdmissionConfig:
+        """The config with the slot and KV holds of the demand seen now."""
+        return self._held.slots_config(now)
 
     def _decide(
         self,

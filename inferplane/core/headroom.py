@@ -21,6 +21,12 @@ the demand actually seen:
   (calibrated on observed TPOT, so it includes that interference) is over ``tpot_share``
   x that need.
 
+The same demand decides the slot and KV holds: a class keeps ``slot_share``/``kv_share``
+of an endpoint free only while a higher class had a call within ``demand_window_s``; a
+fleet serving standard calls alone fills its engines (on 16-slot engines a fixed 80% hold
+left standard traffic 4 slots per engine and refused work at 0.7x load).
+:class:`HeldConfigs` turns the demand into the admission config in force now.
+
 Pure: ``now`` and each call's budgets are passed in.
 """
 
@@ -29,10 +35,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from inferplane.core.admission_config import HeadroomConfig, PerClass
+from inferplane.core.admission_config import AdmissionConfig, HeadroomConfig, PerClass
 from inferplane.core.types import PriorityClass
 
-__all__ = ["HeadroomDemand"]
+__all__ = ["HeadroomDemand", "HeldConfigs"]
 
 _ORDER = (PriorityClass.CRITICAL, PriorityClass.STANDARD, PriorityClass.SHEDDABLE)
 _ALPHA = 0.1  # weight of one call in its class's means
@@ -126,3 +132,53 @@ class HeadroomDemand:
             s for c in classes if (s := self._seen.get(c)) is not None
             and now - s.last_s <= window_s
         ]  # fmt: skip
+
+
+class HeldConfigs:
+    """The admission config in force now: the holds of the demand seen, as config values.
+
+    ``slots_config`` zeroes the slot and KV shares of classes with no demand above them; at
+    most four such configs exist, so capacity caches keyed by config identity stay warm.
+    ``held_config`` adds the wait caps (cached per caps, bounded: budgets drift).
+    """
+
+    def __init__(self, config: AdmissionConfig, demand: HeadroomDemand) -> None:
+        self.config = config
+        self.demand = demand
+        self._held: dict[PerClass, AdmissionConfig] = {}
+        self._slots: dict[tuple[bool, bool], AdmissionConfig] = {}
+
+    def held_config(self, now: float) -> AdmissionConfig:
+        caps = self.demand.wait_caps(now)
+        found = self._held.get(caps)
+        if found is None:
+            if len(self._held) >= 64:
+                self._held.clear()
+            base = self._slots_for(_held_mask(caps))
+            head = base.headroom.model_copy(update={"max_wait_s": caps})
+            found = self._held[caps] = base.model_copy(update={"headroom": head})
+        return found
+
+    def slots_config(self, now: float) -> AdmissionConfig:
+        return self._slots_for(_held_mask(self.demand.wait_caps(now)))
+
+    def _slots_for(self, mask: tuple[bool, bool]) -> AdmissionConfig:
+        found = self._slots.get(mask)
+        if found is None:
+            head = self.config.headroom
+            shares = {
+                name: PerClass(
+                    critical=getattr(head, name).critical,
+                    standard=getattr(head, name).standard if mask[0] else 0.0,
+                    sheddable=getattr(head, name).sheddable if mask[1] else 0.0,
+                )
+                for name in ("slot_share", "kv_share")
+            }
+            head = head.model_copy(update=shares)
+            found = self._slots[mask] = self.config.model_copy(update={"headroom": head})
+        return found
+
+
+def _held_mask(caps: PerClass) -> tuple[bool, bool]:
+    """Whether standard and sheddable are held now (a finite wait cap: higher demand)."""
+    return (not math.isinf(caps.standard), not math.isinf(caps.sheddable))

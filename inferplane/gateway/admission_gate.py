@@ -152,7 +152,7 @@ class AdmissionGate:
             return False  # the full path weighs (and notes) its budgets
         if core.config.mode is AdmissionMode.INFERPLANE:
             core.note_arrival(call, now)  # demand the headroom protects (budget-less)
-        cfg, predictor, model = core.config, core.predictor, call.model
+        cfg, predictor, model = core.slots_config(now), core.predictor, call.model
         free, saturation, accepting = 0, 0.0, 0
         for view in pool:
             if view.state.accepts_work:

@@ -345,6 +345,7 @@ HEADROOM = HeadroomConfig(
 
 def test_lower_classes_leave_slots_free_for_critical() -> None:
     a = adm(headroom=HEADROOM)  # 4 slots + 1 allowance: standard stops at 4, sheddable at 3
+    a.note_arrival(call("c0", prio=CRIT), 0.0)  # critical demand to protect
     pool = busy(in_flight=3)
     assert isinstance(a.admit(call("s", prio=STD), pool, 0.0), Admit)
     assert isinstance(a.admit(call("x", prio=SHED), pool, 0.0), Enqueue)
@@ -355,10 +356,26 @@ def test_lower_classes_leave_slots_free_for_critical() -> None:
 
 def test_lower_classes_leave_kv_free_for_critical() -> None:
     a = adm(headroom=HEADROOM)  # kv threshold 0.8: standard under 0.7, sheddable under 0.5
+    a.note_arrival(call("c0", prio=CRIT), 0.0)  # critical demand to protect
     assert isinstance(a.admit(call("x", prio=SHED), busy(0, kv=0.45), 0.0), Admit)
     assert isinstance(a.admit(call("x2", prio=SHED), busy(0, kv=0.55), 0.0), Enqueue)
     assert isinstance(a.admit(call("s", prio=STD), busy(0, kv=0.75), 0.0), Enqueue)
     assert isinstance(a.admit(call("c", prio=CRIT), busy(0, kv=0.75), 0.0), Admit)
+
+
+def test_slots_and_kv_are_held_only_for_classes_with_demand_above() -> None:
+    a = adm(headroom=HEADROOM)  # no critical call seen: standard may use every slot and KV
+    assert isinstance(a.admit(call("s", prio=STD), busy(in_flight=4), 0.0), Admit)
+    assert isinstance(a.admit(call("s2", prio=STD, tenant="u"), busy(0, kv=0.75), 0.0), Admit)
+    # standard demand holds sheddable back (slots and KV), as critical demand would ...
+    b = adm(headroom=HEADROOM)
+    b.note_arrival(call("s0", prio=STD), 0.0)
+    assert isinstance(b.admit(call("x", prio=SHED), busy(0, kv=0.55), 0.0), Enqueue)
+    # ... until the demand window has passed: then nothing above sheddable is protected
+    c = adm(headroom=HEADROOM)
+    c.note_arrival(call("s0", prio=STD), 0.0)
+    later = 0.1 + c.config.headroom.demand_window_s
+    assert isinstance(c.admit(call("x", prio=SHED), busy(0, kv=0.55), later), Admit)
 
 
 def test_poll_dispatches_lower_classes_only_above_their_headroom() -> None:
@@ -427,7 +444,9 @@ def test_default_headroom_keeps_most_of_a_big_batch_for_critical() -> None:
             return big
 
     def decide(prio: PriorityClass, in_flight: int) -> object:  # a fresh, empty controller
-        return Admission(AdmissionConfig(), BigBatch()).admit(call(prio=prio), busy(in_flight), 0)
+        a = Admission(AdmissionConfig(), BigBatch())
+        a.note_arrival(call("c0", prio=CRIT), 0)  # critical demand to protect
+        return a.admit(call(prio=prio), busy(in_flight), 0)
 
     # 256 + 1 slots per endpoint: standard fills 53 of them, sheddable 40, critical all.
     assert isinstance(decide(STD, 52), Admit) and isinstance(decide(STD, 53), Enqueue)
