@@ -13,7 +13,6 @@ client or gateway coroutine that happened to run first.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import socket
@@ -25,6 +24,8 @@ import urllib.request
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+
+from peerlib.procs import stop_child
 
 HERE = Path(__file__).resolve()
 LOGS = Path(tempfile.gettempdir()) / "inferplane-overload-live"
@@ -81,14 +82,7 @@ class FleetProc:
         self.endpoints: list[dict[str, Any]] = json.loads(out.read_text())
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            assert self.proc.stdin is not None
-            self.proc.stdin.close()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_child(self.proc)
 
 
 class GatewayProc:
@@ -146,7 +140,7 @@ class GatewayProc:
 
 def role_fleet(args: argparse.Namespace) -> None:
     """Run the engines until stdin closes; write their endpoint configs to ``--out``."""
-    from inferplane.engine.fleet import EngineSpec, Fleet, new_event_loop
+    from inferplane.engine.fleet import EngineSpec, serve_until_stdin_closes
 
     specs = []
     for item in args.engine:
@@ -155,18 +149,7 @@ def role_fleet(args: argparse.Namespace) -> None:
                                 time_scale=args.time_scale, price_per_hour_usd=float(price),
                                 name_prefix=gpu, seed=args.seed))  # fmt: skip
 
-    async def main() -> None:
-        async with Fleet(specs) as fleet:
-            endpoints = [e.endpoint_config() for e in fleet.engines]
-            loop = asyncio.get_running_loop()
-            await loop.run_in_executor(None, Path(args.out).write_text, json.dumps(endpoints))
-            await loop.run_in_executor(None, sys.stdin.read)
-
-    loop = new_event_loop()
-    try:
-        loop.run_until_complete(main())
-    finally:
-        loop.close()
+    serve_until_stdin_closes(specs, Path(args.out))
 
 
 def main() -> int:

@@ -51,39 +51,17 @@ QUICK_GATEWAYS = "inferplane,sglang-router"
 
 def role_fleet(args: argparse.Namespace) -> None:
     """Run the emulated fleet until stdin closes; write the endpoint configs to --out."""
-    import asyncio
+    from inferplane.engine.fleet import EngineSpec, serve_until_stdin_closes
 
-    import inferplane.engine.server as engine_server
-    from inferplane.engine.fleet import EngineSpec, Fleet, new_event_loop
-    from inferplane.engine.profiles import load_profile
-
-    def sized(model: str, gpu: str, tp: int | None = None, **kw: Any) -> Any:
-        # vLLM's --max-num-seqs: EngineConfig has no profile overrides, so the name the
-        # server module bound is patched in this (the fleet's own) process.
-        overrides = {**(kw.get("overrides") or {}), "max_num_seqs": args.max_num_seqs}
-        return load_profile(model, gpu, tp, overrides=overrides)
-
-    setattr(engine_server, "load_profile", sized)  # noqa: B010 (a module attribute, patched)
-
-    async def main() -> None:
-        spec = EngineSpec(
-            count=args.engines,
-            time_scale=args.time_scale,
-            kv_events=True,
-            name_prefix="e",
-            seed=args.seed,
-        )
-        async with Fleet([spec]) as fleet:
-            endpoints = [e.endpoint_config() for e in fleet.engines]
-            loop = asyncio.get_running_loop()
-            await loop.run_in_executor(None, Path(args.out).write_text, json.dumps(endpoints))
-            await loop.run_in_executor(None, sys.stdin.read)
-
-    loop = new_event_loop()
-    try:
-        loop.run_until_complete(main())
-    finally:
-        loop.close()
+    spec = EngineSpec(
+        count=args.engines,
+        time_scale=args.time_scale,
+        kv_events=True,
+        name_prefix="e",
+        seed=args.seed,
+        profile_overrides=(("max_num_seqs", args.max_num_seqs),),  # vLLM --max-num-seqs
+    )
+    serve_until_stdin_closes([spec], Path(args.out))
 
 
 def role_load(args: argparse.Namespace) -> None:

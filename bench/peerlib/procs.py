@@ -40,6 +40,18 @@ def children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def stop_child(proc: subprocess.Popen[bytes]) -> None:
+    """Stop a child that runs until its stdin closes: close it, then kill after 15 s."""
+    if proc.poll() is None:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
 class FleetProc:
     def __init__(self, args: argparse.Namespace, workdir: Path) -> None:
         out = workdir / "fleet.json"
@@ -86,14 +98,7 @@ class FleetProc:
         return hits, queries
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            assert self.proc.stdin is not None
-            self.proc.stdin.close()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_child(self.proc)
 
 
 def run_load(spec: dict[str, Any], workdir: Path, timeout_s: float) -> dict[str, Any]:

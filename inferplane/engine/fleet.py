@@ -20,9 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
+import sys
 import threading
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -277,3 +280,22 @@ class FleetThread:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def serve_until_stdin_closes(specs: Sequence[EngineSpec], out: Path) -> None:
+    """Run the engines of ``specs``, write their endpoint configs to ``out`` (JSON) once they
+    are up, and stop when stdin closes: a fleet in a child process that its parent stops by
+    closing the pipe (the benchmarks' engine process)."""
+
+    async def main() -> None:
+        async with Fleet(specs) as fleet:
+            endpoints = [e.endpoint_config() for e in fleet.engines]
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, out.write_text, json.dumps(endpoints))
+            await loop.run_in_executor(None, sys.stdin.read)
+
+    loop = new_event_loop()
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
