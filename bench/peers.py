@@ -121,7 +121,7 @@ def run_cell(
     """One gateway on one workload: its row, where its offered tasks went, CPU used."""
     fleet = FleetProc(args, workdir)
     try:
-        running = gw.start(spec, fleet.endpoints, workdir, max_num_seqs=args.max_num_seqs)
+        running = gw.start(spec, fleet.endpoints, workdir)
         try:
             drain_s = 10.0 if args.quick else 20.0
             load = {

@@ -130,7 +130,6 @@ def _inferplane_cmd(
     port: int,
     workdir: Path,
     variant: str | None = None,
-    max_num_seqs: int | None = None,
 ) -> list[str]:
     # Defaults, except health checks as bench/routing.py sets them for this rig: the
     # emulated engines share 2 starved CPUs with the gateway and the client, so their
@@ -147,9 +146,9 @@ def _inferplane_cmd(
     cfg: dict[str, Any] = {"gateway": gateway, "endpoints": engines}
     # A variant is a diagnostic row, never the scoreboard's: "weights.kv_cache=8" (routing
     # scorer weights, "+"-joined) or "speculative_ttl_s=30" (a prefix-index knob). The
-    # engines' batch slots (max_num_seqs) reach the gateway's priors through the same
-    # wrapper (the fleet config has no field for an emulated engine's profile overrides).
-    knobs: list[str] = [] if max_num_seqs is None else [f"max_num_seqs={max_num_seqs}"]
+    # engines' batch slots reach the gateway's priors in their endpoint configs
+    # (``emulated.overrides``), as a deployer would state them.
+    knobs: list[str] = []
     variant = VARIANTS.get(variant or "", variant)
     if variant is not None and variant.startswith("weights."):
         pairs = (item.removeprefix("weights.").split("=") for item in variant.split("+"))
@@ -367,12 +366,8 @@ def start(
     engines: list[dict[str, Any]],
     workdir: Path,
     model: str = "llama-3-8b",
-    max_num_seqs: int | None = None,
 ) -> Running:
-    """Start ``spec`` in front of ``engines`` (endpoint configs); wait until it is healthy.
-
-    ``max_num_seqs``: the engines' batch slots when not their profile's (inferplane's
-    latency priors need it; the peers learn nothing of it)."""
+    """Start ``spec`` in front of ``engines`` (endpoint configs); wait until it is healthy."""
     python = venv_python(spec.kind)
     port = free_port()
     urls = [e["url"] for e in engines]
@@ -380,7 +375,7 @@ def start(
     env = dict(os.environ)
     api_key: str | None = None
     if spec.kind is GatewayKind.INFERPLANE:
-        cmd = _inferplane_cmd(engines, port, workdir, spec.policy, max_num_seqs)
+        cmd = _inferplane_cmd(engines, port, workdir, spec.policy)
         health = f"{base}/ready"
     elif spec.kind is GatewayKind.LITELLM:
         cmd, health = _litellm_cmd(python, urls, port, workdir), f"{base}/health/liveliness"

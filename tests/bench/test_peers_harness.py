@@ -219,21 +219,17 @@ def test_inferplane_variant_rows_change_only_the_named_knob(tmp_path: Path) -> N
     assert weights == {"kv_cache": 12.0, "load": 0.5}
     ttl = gw._inferplane_cmd(engines, 9000, tmp_path, "speculative_ttl_s=30")
     assert ttl[1].endswith("inferplane_variant.py") and ttl[2] == "speculative_ttl_s=30"
-    both = gw._inferplane_cmd(engines, 9000, tmp_path, "speculative_ttl_s=30", max_num_seqs=16)
-    assert both[2] == "max_num_seqs=16+speculative_ttl_s=30"
-    slots = gw._inferplane_cmd(engines, 9000, tmp_path, max_num_seqs=16)
-    assert slots[1].endswith("inferplane_variant.py") and slots[2:4] == ["max_num_seqs=16", "serve"]
 
 
 def test_variant_knobs_parse_and_reject_unknown_names() -> None:
     from peerlib.inferplane_variant import parse_knobs
 
-    assert parse_knobs("max_num_seqs=16+speculative_ttl_s=30") == {
-        "max_num_seqs": 16.0,
+    assert parse_knobs("approximate_ttl_s=5+speculative_ttl_s=30") == {
+        "approximate_ttl_s": 5.0,
         "speculative_ttl_s": 30.0,
     }
     with pytest.raises(SystemExit):
-        parse_knobs("max_batch=3")
+        parse_knobs("max_num_seqs=16")  # batch slots travel in the endpoint configs
 
 
 def test_breakdown_puts_every_offered_task_in_one_outcome() -> None:
