@@ -33,12 +33,12 @@ attempt's answer, gateway wait to response headers, engine wait to the first tok
 endpoint), with the same split for all critical calls (``critical_split``).
 Targets at 2x and 5x: critical SLO >= 99%, good tasks per GPU-hour >= 2x FCFS, cost per
 good task <= 0.6x FCFS. The 1x rate is the knee of this fleet under FCFS, found with the
-simulator (``--scan``). Writes bench/results/overload-live.json; runs with the same
-duration, time scale and seed are merged into it (one load or policy per invocation fits
-the bench lock's few minutes).
+simulator (``bench/overload_live_sim.py --scan``). Writes bench/results/overload-live.json;
+runs with the same duration, time scale and seed are merged into it (one load or policy
+per invocation fits the bench lock's few minutes). Each run records the commit it measured.
 
     python bench/overload_live.py [--duration-s 300] [--time-scale 1] [--loads 2,5,1]
-    python bench/overload_live.py --scan 2,3,4,5 --duration-s 120   # simulator, FCFS knee
+    python bench/overload_live_sim.py --scan 2,3,4,5 --duration-s 120   # simulator, FCFS knee
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ import asyncio
 import json
 import os
 import random
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -81,9 +82,9 @@ MIX = overload.Mix(
 )  # fmt: skip
 #: users_x of "1x" on this fleet, kept from the first live runs (60 s window, time scale 3,
 #: agent load still ramping up): FCFS at 4 met every chat SLO (critical TTFT p99 1.4 s of
-#: its 2 s). A simulator scan (``--scan``, 120 s, agents at steady state) puts the knee
-#: lower: critical chat 100% at 2 (6.3 calls/s), 97.6% at 3, 94% at 4; the 300 s runs see
-#: that (FCFS at "1x" misses some critical calls).
+#: its 2 s). A simulator scan (``overload_live_sim.py --scan``, 120 s, agents at steady
+#: state) puts the knee lower: critical chat 100% at 2 (6.3 calls/s), 97.6% at 3, 94% at
+#: 4; the 300 s runs see that (FCFS at "1x" misses some critical calls).
 BASE = 4.0
 
 
@@ -309,6 +310,7 @@ async def run_policy(policy: str, load_x: float, args: argparse.Namespace) -> di
     out = overload.summarise_records(driver.records, sc, gpu_h, spend)
     out["wall_s"] = time.perf_counter() - started
     out["load_avg_1m"] = os.getloadavg()[0]  # the machine is shared: say how busy it was
+    out["commit"] = _commit()
     out["admission"] = stats.get("admission", {})
     out["rejections"] = _reasons(driver.records)
     crit = sc.workload[0].slo
@@ -327,31 +329,23 @@ async def _drain(driver: Driver, end_s: float) -> None:
         await asyncio.gather(*driver.tasks, return_exceptions=True)
 
 
+def _commit() -> str:
+    """The checkout's commit the run measured, ``+dirty`` if its code had local changes."""
+    here = Path(__file__).resolve().parent.parent
+    git = ["git", "-C", str(here)]
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True, check=False).stdout.strip()  # fmt: skip
+    dirty = subprocess.run([*git, "status", "--porcelain", "inferplane", "bench/*.py"],
+                           capture_output=True, text=True, check=False).stdout.strip()  # fmt: skip
+    return head + ("+dirty" if dirty else "")
+
+
 def _reasons(records: list[CallRecord]) -> dict[str, int]:
     out: dict[str, int] = {}
     for r in records:
         if r.outcome is not Outcome.SUCCESS and r.outcome is not Outcome.UNFINISHED:
             out[r.reason or r.outcome.value] = out.get(r.reason or r.outcome.value, 0) + 1
     return out
-
-
-# ---- the knee, in the simulator -----------------------------------------------------------
-
-
-def scan(args: argparse.Namespace) -> int:
-    """FCFS in the simulator at several users_x on this fleet and mix: where it bends."""
-    from inferplane.sim.runner import Simulation
-
-    for ux in (float(x) for x in args.scan.split(",")):
-        sc = overload.scenario(ux, args.duration_s, args.seed, MIX)
-        result = Simulation(sc, fleet_config(), Path("."), "fcfs").run()
-        gpu_h = len(GPUS) * TP * (sc.duration_s + sc.drain_s) / 3600
-        s = overload.summarise_records(result.records, sc, gpu_h, 0.0)
-        att = {k: round(c["slo_attainment"] or 0.0, 4) for k, c in s["classes"].items()}
-        calls = sum(c["calls"] for c in s["classes"].values())
-        print(f"users_x {ux:g}: {calls / sc.duration_s:.1f} calls/s {att} "
-              f"good tasks/GPU-h {s['good_tasks_per_gpu_hour']:.0f}", flush=True)  # fmt: skip
-    return 0
 
 
 def _load_doc(args: argparse.Namespace) -> dict[str, Any]:
@@ -373,11 +367,8 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=3)
     parser.add_argument("--loads", default="1,2,5")
     parser.add_argument("--policies", default=",".join(overload.POLICIES))
-    parser.add_argument("--scan", default="", help="users_x list: simulator FCFS knee scan")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
-    if args.scan:
-        return scan(args)
     doc = _load_doc(args)
     for load_x in (float(x) for x in args.loads.split(",")):
         key = f"{load_x:g}x"
