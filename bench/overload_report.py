@@ -77,7 +77,9 @@ def _verdict(v: dict[str, Any], policy: str) -> str:
     if policy == "fcfs":
         return "(baseline)"
     t = str(v["targets"])
-    return "PASS (all met)" if t == "met" else ("n/a (1x)" if t.startswith("n/a") else "MISS: " + t.removeprefix("missed: "))
+    if t == "met":
+        return "PASS (all met)"
+    return "n/a (1x)" if t.startswith("n/a") else "MISS: " + t.removeprefix("missed: ")
 
 
 def miss_causes(live: dict[str, Any]) -> str:
