@@ -58,12 +58,16 @@ class PrefixIndexConfig:
     speculative_ttl_s: float = 2.0
     approximate_ttl_s: float = 600.0
     cpu_weight: float = 0.8
+    #: Half-life of a routed block's weight in the endpoints' KV claims (core/kv_claims.py).
+    claim_half_life_s: float = 5.0
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.max_entries <= 0 or self.max_engine_hashes <= 0:
             raise ValueError("block_size, max_entries and max_engine_hashes must be positive")
         if self.speculative_ttl_s <= 0 or self.approximate_ttl_s <= 0:
             raise ValueError("TTLs must be positive")
+        if self.claim_half_life_s <= 0:
+            raise ValueError("claim_half_life_s must be positive")
         if not 0.0 <= self.cpu_weight <= 1.0:
             raise ValueError("cpu_weight must be in [0, 1]")
 

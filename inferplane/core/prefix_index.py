@@ -10,6 +10,8 @@ lives a short TTL (a burst of siblings co-locates before the events arrive) unle
 ``BlockStored`` confirms it; without events it is all there is, kept longer, LRU-bound.
 
 :meth:`PrefixIndex.match` gives per endpoint the longest run of leading blocks present;
+:meth:`PrefixIndex.kv_claims` the KV memory its recent sessions claim (every routed prompt
+feeds :class:`~inferplane.core.kv_claims.KVClaims`);
 :meth:`PrefixIndex.weighted_match` counts a block held only in CPU memory ``cpu_weight``.
 Memory is bounded by ``max_entries`` (endpoint, block) entries (evicting the least
 recently stored or routed entry of the endpoint holding the most) and
@@ -30,6 +32,7 @@ from dataclasses import dataclass, field, fields
 from itertools import accumulate, repeat
 from operator import and_
 
+from inferplane.core.kv_claims import KVClaims
 from inferplane.core.kv_events import MEDIUM_GPU, AllBlocksCleared, BlockStored, KVEvent
 from inferplane.core.prefix_blocks import (
     BYTES_PER_ENGINE_HASH,
@@ -105,6 +108,7 @@ class PrefixIndex:
         self._speculative: deque[tuple[float, str, Sequence[int]]] = deque()
         self._evictions = 0
         self._expirations = 0
+        self.claims = KVClaims(self.config.claim_half_life_s)
 
     # -- membership ---------------------------------------------------------------
 
@@ -127,6 +131,7 @@ class PrefixIndex:
         if name in self._endpoints:
             self.clear_endpoint(name)
             ep = self._endpoints.pop(name)
+            self.claims.forget(name)
             self._num_approximate -= ep.source is IndexSource.APPROXIMATE
             self._free_bits.append(ep.bit)
 
@@ -257,6 +262,7 @@ class PrefixIndex:
                 expiry[key] = expires_at
         if precise:
             self._speculative.append((expires_at, endpoint, keys))
+        self.claims.touch(endpoint, keys, now)
 
     def expire(self, now: float) -> int:
         """Drop guesses whose TTL has passed; returns how many entries went."""
@@ -304,6 +310,10 @@ class PrefixIndex:
             active = running[-1]
             start, size = start + size, size * 2
         return {name: _run_length(running, bit) if bit else 0 for name, bit in bits}
+
+    def kv_claims(self, endpoints: Iterable[str], now: float) -> dict[str, float]:
+        """Per endpoint, the blocks its recently routed prompts claim (decayed)."""
+        return self.claims.claims(endpoints, now)
 
     def weighted_match(self, keys: Sequence[int], endpoints: Iterable[str]) -> dict[str, float]:
         """Like :meth:`match`, but a block held only in CPU memory counts ``cpu_weight``."""

@@ -29,7 +29,7 @@ import math
 import random
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from inferplane.core.filters import apply_filters, prefer_meeting_budget, prefer_warm
 from inferplane.core.predictor import LatencyEstimate, LatencyPredictor
@@ -42,6 +42,7 @@ from inferplane.core.scorers import (
     explain,
     load_of,
     score_columns,
+    score_kv_claim,
     weighted_totals,
 )
 from inferplane.core.types import (
@@ -53,6 +54,7 @@ from inferplane.core.types import (
 )
 
 __all__ = [
+    "ClaimSource",
     "PrefixMatcher",
     "TargetChoice",
     "choose_target",
@@ -71,6 +73,13 @@ class PrefixMatcher(Protocol):
     """What routing needs of a prefix index: leading blocks of ``keys`` held per endpoint."""
 
     def match(self, keys: Sequence[int], endpoints: Iterable[str]) -> dict[str, int]: ...
+
+
+@runtime_checkable
+class ClaimSource(Protocol):
+    """A prefix index that also knows the KV its endpoints' recent sessions claim."""
+
+    def kv_claims(self, endpoints: Iterable[str], now: float) -> dict[str, float]: ...
 
 
 def eligible(call: CallContext, endpoints: Sequence[EndpointView]) -> list[EndpointView]:
@@ -98,10 +107,11 @@ def route(
     Every ranked endpoint carries its total score and predicted TTFT; the first
     ``cfg.explain_top`` also carry their per-axis scores with reasons (formatting them for
     every candidate on every call would cost more than the decision itself).
-    ``live_workflows`` (workflows whose context each endpoint holds) count as load for a
-    workflow's first call (one without an affine endpoint), so new sessions spread by the
-    KV memory their contexts will claim rather than pile onto the holder of a shared
-    system prompt.
+    A workflow's first call (one without an affine endpoint) is a new session, placed by
+    KV memory (the ``kv_claim`` axis): what each endpoint's recent sessions claim, from a
+    prefix index that is a :class:`ClaimSource`, plus the blocks of this prompt it lacks.
+    Without claims, ``live_workflows`` (workflows whose context each endpoint holds) count
+    as load for it instead.
     """
     cfg = config or _DEFAULT_CONFIG
     pred = predictor or _shared_predictor(cfg)
@@ -128,6 +138,7 @@ def route(
     if dropped:
         kept = {v.info.name for v in candidates}
         estimates = {n: e for n, e in estimates.items() if n in kept}
+    claims = _claim_costs(call, cached, cfg, prefix_index, affinity_endpoint, now)
     ctx = ScoringContext(
         call=call,
         now=now,
@@ -139,10 +150,13 @@ def route(
         affinity_endpoint=affinity_endpoint,
         has_prefix_data=has_prefix,
         budget_uses=uses,
-        extra_load=_session_load(call, affinity_endpoint, live_workflows),
+        extra_load={} if claims else _session_load(call, affinity_endpoint, live_workflows),
+        claim_cost_blocks=claims,
     )
     pool = PoolStats.of(ctx, candidates)
     active = active_axes(cfg.weights_for(model))
+    if not claims:  # the axis would score every endpoint 1: leave the totals as they were
+        active = tuple(a for a in active if a[0] is not score_kv_claim)
     columns = score_columns(ctx, pool, candidates, active)
     totals = weighted_totals(candidates, active, columns)
     order = _pick(totals, rng, cfg.softmax_temperature)
@@ -205,6 +219,31 @@ def _cached_tokens(
     if affinity_endpoint in cached:
         cached[affinity_endpoint] = int(prompt * cfg.affinity_reuse_fraction)
     return cached, False
+
+
+def _claim_costs(
+    call: CallContext,
+    cached: Mapping[str, int],
+    cfg: RoutingConfig,
+    prefix_index: PrefixMatcher | None,
+    affinity_endpoint: str | None,
+    now: float,
+) -> dict[str, float]:
+    """A new session's KV placement cost per candidate, in blocks: the KV the endpoint's
+    recent sessions claim, plus ``claim_uncached_weight`` x the prompt blocks it lacks (a
+    shared prefix copied to one more engine costs its memory there for as long as the
+    sessions of its kind run). Empty for any other call."""
+    keys = call.prompt_block_keys
+    if call.workflow_id is None or affinity_endpoint is not None or not keys:
+        return {}
+    if not isinstance(prefix_index, ClaimSource):
+        return {}
+    claims = prefix_index.kv_claims(cached, now)
+    weight, size, num_blocks = cfg.claim_uncached_weight, cfg.block_size, len(keys)
+    return {
+        name: claims.get(name, 0.0) + weight * max(0, num_blocks - tokens // size)
+        for name, tokens in cached.items()
+    }
 
 
 def _session_load(

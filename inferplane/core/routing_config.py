@@ -26,6 +26,7 @@ class ScorerWeights(_Frozen):
     warm: float = Field(default=1.0, ge=0)  # weights warm; slow-start ramp while warming
     priority: float = Field(default=1.0, ge=0)  # critical calls prefer headroom
     affinity: float = Field(default=1.0, ge=0)  # the workflow's previous endpoint
+    kv_claim: float = Field(default=3.0, ge=0)  # a new session: KV its sessions claim
 
     def as_dict(self) -> dict[str, float]:
         return dict(self.model_dump())
@@ -85,6 +86,12 @@ class RoutingConfig(_Frozen):
     affinity_reuse_fraction: float = Field(default=0.8, ge=0, le=1)
     affinity_ttl_s: float = Field(default=300.0, gt=0)
     max_affinities: int = Field(default=100_000, ge=1)
+    #: A new session's KV placement cost on an endpoint is the blocks its recent sessions
+    #: claim plus this many times the blocks of the prompt it lacks (which would be copied
+    #: there: a shared prefix on one more engine).
+    claim_uncached_weight: float = Field(default=4.0, ge=0)
+    #: The kv_claim score halves for each this many blocks of cost over the pool's least.
+    claim_scale_blocks: float = Field(default=128.0, gt=0)
     #: Latency score is 1 while the prediction uses at most this share of the budget.
     budget_comfort: float = Field(default=0.5, gt=0, le=1)
     #: The load score halves for each this many outstanding requests over the least loaded.

@@ -15,6 +15,10 @@ cost       USD per output token (price / throughput), cheapest / this
 warm       1 when ready; warming endpoints ramp up (Envoy slow start, REFERENCE §4)
 priority   critical calls prefer endpoints with KV headroom and no queue
 affinity   1 on the endpoint that served the workflow's previous call
+kv_claim   a workflow's first call (a new session): 1 / (1 + placement cost over the
+           pool's least / ``claim_scale_blocks``), the cost being the KV blocks the
+           endpoint's recent sessions claim plus ``claim_uncached_weight`` x the blocks of
+           this prompt it lacks (:mod:`inferplane.core.kv_claims`); 1 for other calls
 =========  =============================================================================
 
 Affinity without hot spots: an endpoint keeps its prefix and workflow bonus only while its
@@ -69,6 +73,7 @@ __all__ = [
     "score_cost",
     "score_headroom",
     "score_kv_cache",
+    "score_kv_claim",
     "score_latency",
     "score_load",
     "score_priority",
@@ -264,6 +269,22 @@ def _affinity_words(ctx: ScoringContext, pool: PoolStats, view: EndpointView) ->
     return f"workflow's endpoint; {keeps_affinity(ctx, pool, view.name)[1]}"
 
 
+def _kv_claim(ctx: ScoringContext, pool: PoolStats, views: Sequence[EndpointView]) -> list[float]:
+    costs = ctx.claim_cost_blocks
+    if not costs:
+        return [1.0] * len(views)
+    least, scale = pool.min_claim_cost_blocks, ctx.cfg.claim_scale_blocks
+    return [1.0 / (1.0 + max(0.0, costs.get(v.info.name, 0.0) - least) / scale) for v in views]
+
+
+def _kv_claim_words(ctx: ScoringContext, pool: PoolStats, view: EndpointView) -> str:
+    cost = ctx.claim_cost_blocks.get(view.name)
+    if cost is None:
+        return "not a new session"
+    extra = max(0.0, cost - pool.min_claim_cost_blocks)
+    return f"new session: KV claim + uncached {cost:.0f} blocks (+{extra:.0f})"
+
+
 score_kv_cache = Axis("kv_cache", _kv_cache, _kv_cache_words)
 score_load = Axis("load", _load, _load_words)
 score_headroom = Axis("headroom", _headroom, _headroom_words)
@@ -272,6 +293,7 @@ score_cost = Axis("cost", _cost, _cost_words)
 score_warm = Axis("warm", _warm, _warm_words)
 score_priority = Axis("priority", _priority, _priority_words)
 score_affinity = Axis("affinity", _affinity, _affinity_words)
+score_kv_claim = Axis("kv_claim", _kv_claim, _kv_claim_words)
 
 AXES: tuple[Axis, ...] = (
     score_kv_cache,
@@ -282,6 +304,7 @@ AXES: tuple[Axis, ...] = (
     score_warm,
     score_priority,
     score_affinity,
+    score_kv_claim,
 )
 SCORERS: tuple[tuple[str, Scorer], ...] = tuple((a.name, a) for a in AXES)
 

@@ -64,6 +64,9 @@ class ScoringContext:
     #: Added to an endpoint's outstanding requests on the load axis (live workflows, for a
     #: workflow's first call: their contexts will claim that endpoint's KV memory).
     extra_load: Mapping[str, float] = field(default_factory=dict)
+    #: A workflow's first call: per endpoint, the KV placement cost in blocks (what its
+    #: sessions claim plus the weighted blocks this prompt lacks there); empty otherwise.
+    claim_cost_blocks: Mapping[str, float] = field(default_factory=dict)
 
     def load(self, view: EndpointView) -> float:
         return load_of(view) + self.extra_load.get(view.info.name, 0.0)
@@ -88,11 +91,14 @@ class PoolStats:
     min_usd_per_token: float
     min_load: float
     max_load: float
+    min_claim_cost_blocks: float = 0.0
 
     @classmethod
     def of(cls, ctx: ScoringContext, views: Sequence[EndpointView]) -> PoolStats:
         loads = [ctx.load(v) for v in views] or [0.0]
-        return cls(ctx.min_ttft_s(), ctx.min_usd_per_token(), min(loads), max(loads))
+        costs = ctx.claim_cost_blocks
+        least = min((costs.get(v.info.name, 0.0) for v in views), default=0.0) if costs else 0.0
+        return cls(ctx.min_ttft_s(), ctx.min_usd_per_token(), min(loads), max(loads), least)
 
 
 def keeps_bonus(ctx: ScoringContext, pool: PoolStats, name: str) -> bool:

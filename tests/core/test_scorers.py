@@ -217,5 +217,5 @@ def test_every_score_in_unit_interval(
     ctx, _ = _ctx(views, c, est=est, cached={views[0].name: 700}, affinity=views[-1].name)
     for total, axes in score_all(ctx, views, RoutingConfig().weights.as_dict()).values():
         assert 0.0 <= total <= 1.0
-        assert len(axes) == 8
+        assert len(axes) == 9  # every axis, kv_claim included
         assert all(0.0 <= a.score <= 1.0 and a.reason for a in axes)
