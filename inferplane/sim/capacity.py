@@ -19,7 +19,11 @@ Approximations, both documented knobs of the scenario's ``speed`` section:
   ranking by an empty prompt and by the call's own prompt differ only when endpoints'
   prefill speeds differ and their waits are close).
 
-A pool, predictor or config it does not keep falls through to ``pool_capacity``.
+Sums are kept per admission config: admission passes the config in force (its holds
+depend on the demand seen, :class:`~inferplane.core.headroom.HeldConfigs`, at most four
+variants), so each variant keeps its own sums, at most ``_MAX_CONFIGS`` of them.
+
+A pool or predictor it does not keep falls through to ``pool_capacity``.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from inferplane.sim.views import ViewBook
 
 _CLASSES = tuple(PriorityClass)
 _PROBE_TOKENS = 100_000  # as the core's prefill_rate
+_MAX_CONFIGS = 8  # admission configs with sums kept (HeldConfigs makes at most four)
 
 
 class _PoolSums:
@@ -75,14 +80,16 @@ class CapacityBook:
     ) -> None:
         self.book, self.predictor, self.config = book, predictor, config
         self.best_of = max(1, best_of)
-        self._pools: dict[str, _PoolSums] = {}
-        self._dirty: dict[str, set[int]] = {}
+        self._pools: dict[tuple[int, str], _PoolSums] = {}  # by (id of config, model)
+        self._configs: dict[int, AdmissionConfig] = {}  # keeps the keyed configs alive
+        self._dirty: dict[tuple[int, str], set[int]] = {}
         book.on_patch.append(self._mark)
         book.on_rebuild.append(self._reset)
 
     def _mark(self, model: str, position: int) -> None:
-        if model in self._pools:
-            self._dirty.setdefault(model, set()).add(position)
+        for key in self._pools:
+            if key[1] == model:
+                self._dirty.setdefault(key, set()).add(position)
 
     def _reset(self) -> None:
         self._pools.clear()
@@ -99,9 +106,9 @@ class CapacityBook:
         priority: PriorityClass | None = None,
     ) -> PoolCapacity:
         kept = self.book.pools.get(model)
-        if pool is not kept or predictor is not self.predictor or cfg is not self.config:
+        if pool is not kept or predictor is not self.predictor:
             return pool_capacity(model, num_uncached_tokens, pool, predictor, cfg, now, priority)
-        sums = self._sums(model, pool, now)
+        sums = self._sums(cfg, model, pool, now)
         if sums.num_accepting == 0:
             return PoolCapacity(0, float("inf"), 0, None, 0.0, 0.0)
         if priority is None:
@@ -116,24 +123,38 @@ class CapacityBook:
         n = sums.num_accepting
         return PoolCapacity(n, sums.sat_sum / n, free, best, sums.rate_sum, max(1e-9, sums.out_sum))
 
-    def _sums(self, model: str, pool: Sequence[EndpointView], now: float) -> _PoolSums:
-        sums = self._pools.get(model)
+    def _sums(
+        self, cfg: AdmissionConfig, model: str, pool: Sequence[EndpointView], now: float
+    ) -> _PoolSums:
+        key = (id(cfg), model)
+        sums = self._pools.get(key)
         if sums is None:
-            sums = self._pools[model] = _PoolSums(len(pool))
+            if self._configs.get(id(cfg)) is not cfg:
+                if len(self._configs) >= _MAX_CONFIGS:
+                    self._configs.clear()
+                    self._reset()
+                self._configs[id(cfg)] = cfg
+            sums = self._pools[key] = _PoolSums(len(pool))
             for pos in range(len(pool)):
-                self._add(sums, model, pool, pos, now)
+                self._add(sums, cfg, model, pool, pos, now)
             return sums
-        dirty = self._dirty.pop(model, None)
+        dirty = self._dirty.pop(key, None)
         if dirty:
             for pos in sorted(dirty):
                 self._remove(sums, pos)
-                self._add(sums, model, pool, pos, now)
+                self._add(sums, cfg, model, pool, pos, now)
         return sums
 
     def _add(
-        self, sums: _PoolSums, model: str, pool: Sequence[EndpointView], pos: int, now: float
+        self,
+        sums: _PoolSums,
+        cfg: AdmissionConfig,
+        model: str,
+        pool: Sequence[EndpointView],
+        pos: int,
+        now: float,
     ) -> None:
-        view, pred, cfg = pool[pos], self.predictor, self.config
+        view, pred = pool[pos], self.predictor
         if not view.state.accepts_work:
             sums.accepting[pos] = False
             return

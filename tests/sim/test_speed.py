@@ -12,6 +12,7 @@ import yaml
 from inferplane.config import load_config, parse_config
 from inferplane.core.admission_config import AdmissionConfig
 from inferplane.core.capacity import pool_capacity
+from inferplane.core.headroom import HeadroomDemand, HeldConfigs
 from inferplane.core.predictor import LatencyPredictor
 from inferplane.core.types import EndpointLoad, EndpointState, PriorityClass
 from inferplane.sim.capacity import CapacityBook
@@ -60,21 +61,29 @@ def _shifted(book: ViewBook, rng: random.Random) -> None:
         ep.load = EndpointLoad(rng.randrange(4), rng.randrange(40), rng.random(), 0.0)
 
 
+def _held_variants(base: AdmissionConfig) -> list[AdmissionConfig]:
+    """The config in force as admission's holds switch with demand (as HeldConfigs does)."""
+    held = HeldConfigs(base, HeadroomDemand(base.headroom))
+    return [held._slots_for((std, shed)) for std in (False, True) for shed in (False, True)]
+
+
 def test_kept_capacity_matches_the_core_after_every_change() -> None:
     fleet = _fleet(12)
     book = ViewBook(fleet)
-    predictor, cfg = LatencyPredictor(), AdmissionConfig()
-    kept = CapacityBook(book, predictor, cfg, best_of=12)
+    predictor, base = LatencyPredictor(), AdmissionConfig()
+    variants = [base, *_held_variants(base)]
+    kept = CapacityBook(book, predictor, base, best_of=12)
     rng = random.Random(4)
     _shifted(book, rng)
     book.rebuild(0.0)
-    for step in range(60):
+    for step in range(80):
         ep = fleet.endpoints[rng.randrange(12)]
         ep.in_flight = max(0, ep.in_flight + rng.choice((-1, 1, 2)))
         book.current(step * 0.01)
         pool = book.pool("llama-3-8b")
         prio = rng.choice(list(PriorityClass))
         tokens = rng.randrange(0, 4000)
+        cfg = rng.choice(variants)
         got = kept("llama-3-8b", tokens, pool, predictor, cfg, 0.0, prio)
         want = pool_capacity("llama-3-8b", tokens, pool, predictor, cfg, 0.0, prio)
         assert got.num_accepting == want.num_accepting and got.free_slots == want.free_slots
@@ -83,6 +92,7 @@ def test_kept_capacity_matches_the_core_after_every_change() -> None:
             assert abs(getattr(got, field) - getattr(want, field)) <= 1e-6 * (
                 1 + abs(getattr(want, field))
             )
+    assert {key[0] for key in kept._pools} == {id(c) for c in variants}  # kept, not recomputed
 
 
 def test_kept_capacity_falls_through_for_a_pool_it_does_not_keep() -> None:
