@@ -58,17 +58,19 @@ class KVClaims:
         if ws is None:
             ws = self._sets[endpoint] = _WorkingSet(at=now)
         self._advance(ws, now)
-        touched, rate = ws.touched, self._rate
-        added = 0.0
+        touched, rate, get, to_end = ws.touched, self._rate, ws.touched.get, ws.touched.move_to_end
+        kept = 0.0  # the weight the re-touched blocks already had
+        weight_at: dict[float, float] = {}  # one exp per earlier call, not per block
         for key in keys:
-            before = touched.get(key)
-            if before is None:
-                added += 1.0
-            else:
-                added += 1.0 - math.exp(-rate * max(0.0, now - before))
-                touched.move_to_end(key)
+            before = get(key)
+            if before is not None:
+                weight = weight_at.get(before)
+                if weight is None:
+                    weight = weight_at[before] = math.exp(-rate * max(0.0, now - before))
+                kept += weight
+                to_end(key)
             touched[key] = now
-        ws.decayed += added
+        ws.decayed += len(keys) - kept
         while len(touched) > self._max_blocks:
             self._drop_oldest(ws)
 
