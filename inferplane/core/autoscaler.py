@@ -17,6 +17,11 @@ How the desired size is found:
   cold-start horizon (:mod:`inferplane.core.autoscale_surge`); the scale-down window then
   holds what was bought while the surge plays out. :meth:`Autoscaler.surging` lets a body
   check a window before its tick is due (at ``early_surge_z``) and tick at once.
+* **burst reserve**: spare warm capacity for ``demand x burst factor`` at
+  ``reserve_utilisation``, the factor learned from the bursts seen (held, decaying with a
+  half-life of ``burst_memory_s``; ``burst_prior`` before any) and capped by the highest rate
+  seen (:mod:`inferplane.core.autoscale_reserve`): it covers a burst's first cold start,
+  which no reactive step can.
 * **ahead of need**: a new replica takes its cold-start time before it serves, so capacity is
   sized for the peak forecast over ``[now, now + cold start + tick]``, not for now.
 * **detect**: a backlog adds the replicas that drain it within ``backlog_drain_s``; SLO
@@ -37,8 +42,9 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from inferplane.core.autoscale_reserve import BurstReserve
 from inferplane.core.autoscale_surge import surge_rate
 from inferplane.core.forecast import Forecast, HoltForecast, ScheduleForecast
 
@@ -96,6 +102,12 @@ class PoolPolicy:
     surge_max_factor: float = 2.0  # a surge extrapolates to at most this x the observed rate
     surge_windows: int = 4  # windows the surge's slope is fitted over (least squares)
     early_surge_z: float = 3.5  # a window not yet due this far over the forecast: tick now
+    burst_prior: float = 1.0  # burst factor the reserve covers before one is seen (1: none)
+    burst_memory_s: float = 600.0  # half-life of the learned burst factor
+    burst_max_factor: float = 8.0  # the learned factor's cap
+    burst_z: float = 2.0  # a window's count is read at its Poisson lower bound, z sigmas down
+    reserve_utilisation: float = 1.0  # the reserve may run this hot until the loop catches up
+    reserve_baseline_s: float = 60.0  # time constant of the slow demand the reserve scales
 
     def __post_init__(self) -> None:
         if not self.options:
@@ -110,6 +122,14 @@ class PoolPolicy:
             raise ValueError(f"pool {self.pool!r}: need surge z > 0, surge_max_factor >= 1")
         if self.surge_windows < 2:
             raise ValueError(f"pool {self.pool!r}: surge_windows >= 2")
+        if not 1 <= self.burst_prior <= self.burst_max_factor or self.burst_memory_s < 0:
+            raise ValueError(f"pool {self.pool!r}: need 1 <= burst_prior <= burst_max_factor")
+        if (
+            not 0 < self.reserve_utilisation <= 1
+            or self.burst_z < 0
+            or self.reserve_baseline_s <= 0
+        ):
+            raise ValueError(f"pool {self.pool!r}: reserve_utilisation in (0, 1], burst_z >= 0")
 
     def option(self, gpu: str) -> GpuOption | None:
         return next((o for o in self.options if o.gpu == gpu), None)
@@ -147,6 +167,8 @@ class _PoolMemory:
     needs: tuple[tuple[float, float], ...] = ()  # (at_s, capacity tokens/s) in the window
     last_up_s: float | None = None
     rates: tuple[tuple[float, float], ...] = ()  # (at_s, tokens/s) of the last windows
+    reserve: BurstReserve = field(default_factory=BurstReserve)
+    slow: HoltForecast = field(default_factory=HoltForecast)  # the reserve's baseline demand
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,6 +251,20 @@ def _decide_pool(
     need = demand / policy.target_utilisation + signal.backlog_tokens / policy.backlog_drain_s
     capacity = _capacity(policy, current)
     reasons = [f"demand {demand:.0f} tok/s (horizon {horizon_s:.0f} s)"]
+    reserve = _observe_reserve(policy, signal, memory)
+    alpha = 1.0 - math.exp(-signal.window_s / policy.reserve_baseline_s)
+    slow = replace(memory.slow, alpha=alpha, beta=alpha / 4).update(signal.tokens_per_s, now)
+    # The reserve scales the demand a burst would rise from: the slow baseline (noise does
+    # not move it), but never above the forecast (a burst just over does not inflate it).
+    base = min(
+        slow.peak_tokens_per_s(now, now + horizon_s),
+        forecast.peak_tokens_per_s(now, now + horizon_s),
+    )
+    prior, memory_s = policy.burst_prior, policy.burst_memory_s
+    spare = reserve.reserve_tokens_per_s(base, now, prior=prior, memory_s=memory_s)
+    if spare / policy.reserve_utilisation > need:
+        need = spare / policy.reserve_utilisation
+        reasons.append(f"burst reserve {spare:.0f} tok/s (x{spare / max(base, 1e-9):.1f})")
     if surge > 0:
         reasons.append(f"surge: {signal.tokens_per_s:.0f} tok/s rising, {surge:.0f} ahead")
     if signal.backlog_tokens > 0:
@@ -256,7 +292,23 @@ def _decide_pool(
         reason="; ".join(reasons),
     )
     rates = (*memory.rates, (now, signal.tokens_per_s))[-policy.surge_windows :]
-    return decision, _PoolMemory(holt, needs[-256:], last_up, rates)
+    return decision, _PoolMemory(holt, needs[-256:], last_up, rates, reserve, slow)
+
+
+def _observe_reserve(policy: PoolPolicy, signal: PoolSignal, memory: _PoolMemory) -> BurstReserve:
+    """The burst reserve after this window, against the slow baseline's rate (a burst is
+    measured from the demand it rose from; a noisy fast forecast would make noise a burst)."""
+    holt = memory.slow if memory.slow.at_s is not None else memory.forecast
+    return memory.reserve.observe(
+        requests=signal.requests,
+        tokens=signal.tokens,
+        window_s=signal.window_s,
+        now_s=signal.now_s,
+        baseline_tokens_per_s=max(holt.level, holt.predict(signal.now_s)),
+        memory_s=policy.burst_memory_s,
+        z=policy.burst_z,
+        max_factor=policy.burst_max_factor,
+    )
 
 
 def _surge_demand(

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -121,10 +121,14 @@ class AutoscaleController:
         views: Callable[[float], list[EndpointView]],
         actuators: Sequence[Any],
         fleet: EmbeddedFleet | None = None,
+        policy_overrides: Mapping[str, Any] | None = None,
     ) -> None:
         self.config = config
         self.fleet = fleet
-        self.autoscaler = Autoscaler(config.policies())
+        policies = config.policies()
+        if policy_overrides:  # core knobs the config does not carry (burst reserve, surge)
+            policies = [replace(p, **policy_overrides) for p in policies]
+        self.autoscaler = Autoscaler(policies)
         self.state = AutoscalerState()
         self.decisions: list[ScaleDecision] = []
         self._registry = registry
@@ -249,9 +253,12 @@ def setup_autoscaling(
     gateway: Gateway,
     config: AutoscaleConfig,
     fleet: EmbeddedFleet | None = None,
+    policy_overrides: Mapping[str, Any] | None = None,
 ) -> None:
     """Run the loop with the gateway (when enabled) and serve ``GET /v1/autoscale``.
 
+    ``policy_overrides``: :class:`~inferplane.core.autoscaler.PoolPolicy` fields set on every
+    pool's policy (knobs the config section does not carry yet, e.g. ``burst_prior``).
     Once the app has started, ``app[CONTROLLER_KEY]["ctl"]`` is the controller.
     """
     if not config.enabled:
@@ -279,8 +286,9 @@ def setup_autoscaling(
         if fleet is not None:
             actuators.append(fleet)
         holder["ctl"] = AutoscaleController(
-            config, registry, lambda now: gateway.tracker.views(now), actuators, fleet
-        )
+            config, registry, lambda now: gateway.tracker.views(now), actuators, fleet,
+            policy_overrides,
+        )  # fmt: skip
         tasks.append(asyncio.create_task(loop()))
 
     async def on_cleanup(app: web.Application) -> None:

@@ -91,3 +91,17 @@ def test_demand_counts_calls_that_started_not_only_those_that_ended() -> None:
     _served(requests, tokens, calls=8, prompt=1000, cached=0)
     (quiet,) = ctl.sense(10.0)
     assert quiet.requests == 0
+
+
+def test_policy_overrides_set_core_knobs_the_config_does_not_carry() -> None:
+    registry = CollectorRegistry()
+    config = AutoscaleConfig(enabled=True, pools=(PoolScaleConfig(model=MODEL, gpus=("h100",)),))
+    plain = AutoscaleController(config, registry, lambda now: [], [])
+    tuned = AutoscaleController(
+        config, registry, lambda now: [], [], None, {"burst_prior": 4.0, "burst_memory_s": 90.0}
+    )
+    assert plain.autoscaler.policies[MODEL].burst_prior == 1.0
+    policy = tuned.autoscaler.policies[MODEL]
+    assert (policy.burst_prior, policy.burst_memory_s) == (4.0, 90.0)
+    # The rest of the policy is the config's.
+    assert policy.max_replicas == plain.autoscaler.policies[MODEL].max_replicas

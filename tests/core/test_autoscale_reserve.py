@@ -1,0 +1,197 @@
+"""Burst reserve tests: spare warm capacity from a prior or from the bursts seen, within the
+bounds, without flapping on a steady load, and shrinking again when bursts stop.
+
+Signals carry Poisson call counts (seeded), so the noise is the one real arrivals have; the
+closed loop starts what is asked for a cold start later and drains at once.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from inferplane.core.autoscale_reserve import BurstReserve, burst_ratio
+from inferplane.core.autoscaler import (
+    Autoscaler,
+    AutoscalerState,
+    GpuOption,
+    PoolPolicy,
+    PoolSignal,
+    ScaleAction,
+    ScaleDecision,
+)
+
+H100 = GpuOption("h100", price_per_hour_usd=4.0, tokens_per_s=10_000.0, cold_start_s=45.0)
+TOKENS_PER_CALL = 1000.0
+TICK_S = 5.0
+
+
+def _policy(**kw: object) -> PoolPolicy:
+    base: dict[str, object] = {
+        "pool": "m", "options": (H100,), "min_replicas": 1, "max_replicas": 40,
+        "tick_s": TICK_S, "scale_down_window_s": 30.0, "scale_down_cooldown_s": 30.0,
+        "burst_memory_s": 120.0,
+    }  # fmt: skip
+    base.update(kw)
+    return PoolPolicy(**base)  # type: ignore[arg-type]
+
+
+def _poisson(rng: random.Random, mean: float) -> int:
+    n, t = 0, rng.expovariate(1.0)
+    while t < mean:
+        n, t = n + 1, t + rng.expovariate(1.0)
+    return n
+
+
+class _Loop:
+    """Closed loop: Poisson calls per tick; replicas asked for serve a cold start later."""
+
+    def __init__(self, policy: PoolPolicy, seed: int) -> None:
+        self.scaler = Autoscaler([policy])
+        self.rng = random.Random(seed)
+        self.state = AutoscalerState()
+        self.serving, self.starting = 1, list[float]()
+        self.now = 0.0
+
+    def step(self, calls_per_s: float, exact: bool = False) -> ScaleDecision:
+        self.now += TICK_S
+        self.serving += sum(1 for at in self.starting if at <= self.now)
+        self.starting = [at for at in self.starting if at > self.now]
+        mean = calls_per_s * TICK_S
+        n = round(mean) if exact else _poisson(self.rng, mean)
+        signal = PoolSignal(
+            pool="m", now_s=self.now, window_s=TICK_S, tokens=n * TOKENS_PER_CALL, requests=n,
+            serving={"h100": self.serving},
+            starting={"h100": len(self.starting)} if self.starting else {},
+        )  # fmt: skip
+        (d,), self.state = self.scaler.decide([signal], self.state)
+        have = self.serving + len(self.starting)
+        if d.desired_total > have:
+            self.starting += [self.now + H100.cold_start_s] * (d.desired_total - have)
+        elif d.desired_total < have:
+            self.serving = max(0, self.serving - (have - d.desired_total))
+        return d
+
+    def run(self, rates: list[float], exact: bool = False) -> list[ScaleDecision]:
+        return [self.step(r, exact) for r in rates]
+
+    @property
+    def ready_tokens_per_s(self) -> float:
+        return self.serving * H100.tokens_per_s
+
+
+def test_burst_ratio_reads_counts_at_their_poisson_lower_bound() -> None:
+    assert burst_ratio(0, 10.0, 2.0) == 0.0
+    assert burst_ratio(10, 0.0, 2.0) == 0.0
+    assert burst_ratio(100, 20.0, 2.0) == pytest.approx(81.0 / 20.0)  # (10 - 1)^2 / 20
+    assert burst_ratio(100, 20.0, 0.0) == pytest.approx(5.0)
+    # The noise of a steady count rarely reaches 1/0.7, where the reserve starts to matter.
+    rng = random.Random(5)
+    for expected in (2.0, 10.0, 40.0):
+        high = sum(burst_ratio(_poisson(rng, expected), expected, 2.0) > 1 / 0.7
+                   for _ in range(2000))  # fmt: skip
+        assert high <= 10, (expected, high)
+
+
+def test_the_learned_factor_holds_then_decays_towards_one() -> None:
+    r = BurstReserve().observe(
+        requests=100, tokens=1e5, window_s=5.0, now_s=10.0, baseline_tokens_per_s=4000.0,
+        memory_s=60.0, z=0.0, max_factor=8.0,
+    )  # fmt: skip
+    assert r.factor_at(10.0, 60.0) == pytest.approx(5.0)
+    assert r.factor_at(70.0, 60.0) == pytest.approx(3.0)  # one half-life: 1 + 4 / 2
+    assert r.peak_at(70.0, 60.0) == pytest.approx(1e4)
+    factors = [r.factor_at(10.0 + 30.0 * i, 60.0) for i in range(40)]
+    assert all(a >= b for a, b in zip(factors, factors[1:], strict=False))
+    assert factors[-1] < 1.01
+    # Capped by the highest rate seen: twice the demand asks for no more than that rate.
+    assert r.reserve_tokens_per_s(1e4, 10.0, prior=1.0, memory_s=60.0) == pytest.approx(2e4)
+    assert BurstReserve().reserve_tokens_per_s(100.0, 0.0, prior=3.0, memory_s=60.0) == 300.0
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    lo=st.integers(0, 3),
+    span=st.integers(0, 6),
+    prior=st.floats(1.0, 8.0),
+    rates=st.lists(st.floats(0, 80.0), min_size=1, max_size=40),
+    seed=st.integers(0, 2**16),
+)
+def test_the_reserve_stays_within_min_and_max(
+    lo: int, span: int, prior: float, rates: list[float], seed: int
+) -> None:
+    loop = _Loop(_policy(min_replicas=lo, max_replicas=lo + span, burst_prior=prior), seed)
+    for d in loop.run(rates):
+        assert lo <= d.desired_total <= lo + span, d
+
+
+@settings(max_examples=15, deadline=None)
+@given(calls_per_s=st.floats(3.0, 40.0), prior=st.floats(1.0, 5.0), seed=st.integers(0, 2**16))
+def test_no_flapping_under_steady_load_with_a_reserve(
+    calls_per_s: float, prior: float, seed: int
+) -> None:
+    # The surge detector off: its rare false surges (a window 3 sigmas high) are tested in
+    # test_autoscaler_surge; here only the reserve's own effect on a steady load counts.
+    # A stabilisation window of 5 minutes, as in test_autoscaler's steady-load test.
+    policy = _policy(burst_prior=prior, surge_z=math.inf, early_surge_z=math.inf,
+                     scale_down_window_s=300.0)  # fmt: skip
+    decisions = _Loop(policy, seed).run([calls_per_s] * 200)
+    changes = [d.action for d in decisions[12:] if d.action is not ScaleAction.HOLD]
+    # Past the first minute, a steady load neither grows nor shrinks the fleet back and forth.
+    assert ScaleAction.DOWN not in changes or ScaleAction.UP not in changes
+    assert len(changes) <= 3
+    # Without a prior, a steady load teaches no burst: no reserve beyond the plain need.
+    if prior == 1.0:
+        assert sum("burst reserve" in d.reason for d in decisions) <= 2
+
+
+@settings(max_examples=20, deadline=None)
+@given(calls_per_s=st.floats(2.0, 20.0), prior=st.floats(1.5, 5.0))
+def test_a_prior_keeps_warm_capacity_for_a_burst_of_its_size(
+    calls_per_s: float, prior: float
+) -> None:
+    loop = _Loop(_policy(burst_prior=prior), seed=0)
+    loop.run([calls_per_s] * 30, exact=True)
+    # The step comes: the capacity already serving carries it (reserve_utilisation 1).
+    observed = round(calls_per_s * TICK_S) / TICK_S * TOKENS_PER_CALL
+    assert loop.ready_tokens_per_s >= prior * observed * 0.999
+    plain = _Loop(_policy(), seed=0)
+    plain.run([calls_per_s] * 30, exact=True)
+    assert loop.ready_tokens_per_s >= plain.ready_tokens_per_s
+
+
+def test_a_burst_seen_once_leaves_a_reserve_for_the_next_then_shrinks() -> None:
+    steady, burst = [8.0] * 24, [40.0] * 12  # 5x for 60 s
+    loop = _Loop(_policy(), seed=11)
+    plain = _Loop(_policy(burst_max_factor=1.0), seed=11)  # learns nothing
+    for lp in (loop, plain):
+        lp.run(steady + burst + [8.0] * 12)
+    # A minute after the burst, the learned reserve is warm for most of another one.
+    assert loop.ready_tokens_per_s >= 0.7 * 40.0 * TOKENS_PER_CALL
+    assert loop.ready_tokens_per_s > plain.ready_tokens_per_s
+    # When bursts stop, the reserve decays (half-life 120 s) back to the plain loop's size.
+    after = loop.run([8.0] * 240)
+    tail = [d.desired_total for d in after[-60:]]
+    plain_tail = [d.desired_total for d in plain.run([8.0] * 240)[-60:]]
+    assert max(tail) <= max(plain_tail) + 1
+    assert sum(tail) / len(tail) <= sum(plain_tail) / len(plain_tail) + 0.5
+    sizes = [d.desired_total for d in after]
+    assert sizes[-1] < max(sizes)
+
+
+def test_reserve_settings_are_validated() -> None:
+    for bad in (
+        {"burst_prior": 0.5},
+        {"burst_prior": 9.0},
+        {"burst_memory_s": -1.0},
+        {"reserve_utilisation": 0.0},
+        {"reserve_utilisation": 1.5},
+        {"burst_z": -1.0},
+    ):
+        with pytest.raises(ValueError):
+            _policy(**bad)
+    assert math.isclose(_policy().reserve_utilisation, 1.0)
