@@ -208,7 +208,7 @@ class Driver:
         body = orjson.dumps({"model": MODEL, "prompt": list(spec.prompt_token_ids),
                              "max_tokens": spec.max_tokens, "stream": True,
                              "ignore_eos": True})  # fmt: skip
-        got = Try(now_s)
+        got = Try(now_s, max_tokens=spec.max_tokens)
         try:
             async with asyncio.timeout((self.sc.clients.timeout_s or 120.0) * self.scale):
                 await self._post(body, headers, got)
@@ -230,12 +230,10 @@ class Driver:
                 return
             done = broken = False
             async for line in resp.content:
-                if (
-                    got.first_s is None
-                    and line.startswith(b"data: {")
-                    and (b'"text":""' not in line)
-                ):
-                    got.first_s = self.model_now()
+                if line.startswith(b"data: {") and b'"text":""' not in line:
+                    got.tokens += 1
+                    if got.first_s is None:
+                        got.first_s = self.model_now()
                 if line.startswith(b"data: [DONE]"):
                     done = True
                 elif b'"error"' in line:

@@ -34,6 +34,14 @@ class Try:
     retry_after_s: float = 0.0
     endpoint: str | None = None
     reason: str = ""
+    max_tokens: int = 0  # the answer's length asked for
+    tokens: int = 0  # stream chunks with text received
+
+    def tpot_s(self) -> float | None:
+        """Mean time per received token after the first (decode speed as the client saw it)."""
+        if self.first_s is None or self.end_s is None or self.tokens < 2:
+            return None
+        return (self.end_s - self.first_s) / (self.tokens - 1)
 
     def row(self, arrival_s: float) -> dict[str, Any]:
         """The attempt relative to the call's arrival, and its gateway and engine waits."""
@@ -46,6 +54,7 @@ class Try:
             "reason": self.reason, "endpoint": self.endpoint, "gateway_wait_s": _r(gateway),
             "engine_wait_s": _r(engine), "retry_after_s": self.retry_after_s,
             "ended_after_s": _r(None if self.end_s is None else self.end_s - arrival_s),
+            "tokens": self.tokens, "tpot_s": _r(self.tpot_s()),
         }  # fmt: skip
 
 
@@ -66,7 +75,7 @@ def critical_misses(
             "call_id": r.call_id, "arrival_s": _r(r.arrival_s), "outcome": r.outcome.value,
             "cause": _cause(got[0] if got else None, slo),
             "ttft_s": _r(r.ttft_s), "e2e_s": _r(r.e2e_s), "prompt_tokens": r.prompt_tokens,
-            "max_tokens": r.completion_tokens or None,
+            "max_tokens": got[0].max_tokens if got else None,
             "attempts": [t.row(r.arrival_s) for t in got],
         })  # fmt: skip
         if len(out) >= 50:

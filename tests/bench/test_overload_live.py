@@ -32,7 +32,7 @@ def test_critical_misses_name_where_the_time_went() -> None:
     late = Try(10.0, ok=True, status=200, headers_s=10.1, first_s=13.0, end_s=20.0)
     queued = Try(10.0, ok=True, status=200, headers_s=12.9, first_s=13.0, end_s=20.0)
     slow = Try(10.0, ok=False, status=200, headers_s=10.1, first_s=10.5, end_s=41.0,
-               reason="timeout")  # fmt: skip
+               reason="timeout", max_tokens=900, tokens=611)  # fmt: skip
     good = Try(10.0, ok=True, status=200, headers_s=10.2, first_s=10.6, end_s=15.0)
     records = [
         _rec(1, 13.0, 20.0, "critical"),
@@ -42,12 +42,16 @@ def test_critical_misses_name_where_the_time_went() -> None:
         _rec(5, 13.0, 20.0, "standard"),  # not critical: never listed
     ]
     tries = {1: [late], 2: [queued], 3: [slow], 4: [good], 5: [late]}
-    misses = {m["call_id"]: m["cause"] for m in critical_misses(records, tries, SLO)}
+    listed = critical_misses(records, tries, SLO)
+    misses = {m["call_id"]: m["cause"] for m in listed}
     assert misses == {
         1: "late first token: engine queue",
         2: "late first token: gateway queue",
         3: "slow decode (deadline)",
     }
+    cut = next(m for m in listed if m["call_id"] == 3)
+    assert cut["max_tokens"] == 900
+    assert cut["attempts"][0]["tpot_s"] == 0.05  # 30.5 s over 610 tokens after the first
     split = critical_split(records, tries)
     assert split["calls"] == 3  # the successful critical calls' last tries
     assert split["gateway_wait_s"]["max"] == 2.9
