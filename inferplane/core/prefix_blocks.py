@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import enum
 import hashlib
+from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from inferplane.core.kv_events import MEDIUM_GPU
 
 #: Measured by bench/prefix_index.py (tracemalloc): bytes per (endpoint, block) entry,
 #: per distinct block key, per engine hash kept for removals, per unconfirmed entry.
@@ -16,6 +19,22 @@ BYTES_PER_ENTRY = 100
 BYTES_PER_KEY = 58
 BYTES_PER_ENGINE_HASH = 105
 BYTES_PER_GUESS = 52  # the expiry of an unconfirmed entry
+
+
+#: Entry flags: which tiers hold a block (confirmed by events), or an unconfirmed guess.
+GPU = 1
+CPU = 2
+GUESS = 4
+
+
+def tier_of(medium: str | None) -> int:
+    """The entry flag of a KV event's medium (none given: GPU)."""
+    return GPU if medium is None or medium.upper() == MEDIUM_GPU else CPU
+
+
+def run_length(running: list[int], bit: int) -> int:
+    """Leading masks of a non-increasing running AND that still hold ``bit``."""
+    return bisect_left(running, True, key=lambda mask: not mask & bit)
 
 
 def root_key(lora_name: str | None = None) -> int:

@@ -14,7 +14,7 @@ lives a short TTL (a burst of siblings co-locates before the events arrive) unle
 feeds :class:`~inferplane.core.kv_claims.KVClaims`);
 :meth:`PrefixIndex.weighted_match` counts a block held only in CPU memory ``cpu_weight``.
 Memory is bounded by ``max_entries`` (endpoint, block) entries (evicting the least
-recently stored or routed entry of the endpoint holding the most) and
+recently stored or routed entries of the endpoint holding the most, in batches) and
 ``max_engine_hashes`` (past it, the endpoint that overflowed is cleared). Pure: ``now``
 is passed in; no clock, no I/O; not thread-safe (one event loop owns it).
 
@@ -25,7 +25,7 @@ can only mislead routing (a cache miss), never change an answer.
 
 from __future__ import annotations
 
-from bisect import bisect_left
+import heapq
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
@@ -33,12 +33,15 @@ from itertools import accumulate, repeat
 from operator import and_
 
 from inferplane.core.kv_claims import KVClaims
-from inferplane.core.kv_events import MEDIUM_GPU, AllBlocksCleared, BlockStored, KVEvent
+from inferplane.core.kv_events import AllBlocksCleared, BlockStored, KVEvent
 from inferplane.core.prefix_blocks import (
     BYTES_PER_ENGINE_HASH,
     BYTES_PER_ENTRY,
     BYTES_PER_GUESS,
     BYTES_PER_KEY,
+    CPU,
+    GPU,
+    GUESS,
     EndpointIndexStats,
     IndexSource,
     IndexStats,
@@ -46,6 +49,8 @@ from inferplane.core.prefix_blocks import (
     block_keys,
     root_key,
 )
+from inferplane.core.prefix_blocks import run_length as _run_length
+from inferplane.core.prefix_blocks import tier_of as _tier
 
 __all__ = [
     "BYTES_PER_ENGINE_HASH",
@@ -64,10 +69,6 @@ __all__ = [
     "root_key",
 ]
 
-#: Entry flags: which tiers hold a block (confirmed by events), or an unconfirmed guess.
-GPU = 1
-CPU = 2
-GUESS = 4
 _TIERS = GPU | CPU
 _MATCH_CHUNK = 8  # first chunk of keys matched; each next one doubles
 _COUNTERS = [f.name for f in fields(EndpointIndexStats)][3:]  # the counts after the sizes
@@ -83,15 +84,6 @@ class _Endpoint:
     tiers: dict[int, int] = field(default_factory=dict)  # engine hash -> tiers, if not GPU
     expiry: dict[int, float] = field(default_factory=dict)  # key -> expiry of a GUESS
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_COUNTERS, 0))
-
-
-def _run_length(running: list[int], bit: int) -> int:
-    """Leading masks of a non-increasing running AND that still hold ``bit``."""
-    return bisect_left(running, True, key=lambda mask: not mask & bit)
-
-
-def _tier(medium: str | None) -> int:
-    return GPU if medium is None or medium.upper() == MEDIUM_GPU else CPU
 
 
 class PrefixIndex:
@@ -369,7 +361,7 @@ class PrefixIndex:
             self._holders[key] = self._holders.get(key, 0) | ep.bit
             self._num_entries += 1
             if self._num_entries > self.config.max_entries:
-                self._evict_one()
+                self._evict()
         else:
             entries[key] = (old & ~clear) | flag
             entries.move_to_end(key)
@@ -395,10 +387,21 @@ class PrefixIndex:
         else:
             self._holders.pop(key, None)
 
-    def _evict_one(self) -> None:
-        victim = max(self._endpoints.values(), key=lambda e: len(e.entries))
-        key, _ = victim.entries.popitem(last=False)
-        victim.expiry.pop(key, None)
-        self._num_entries -= 1
-        self._unhold(key, victim.bit)
-        self._evictions += 1
+    def _evict(self) -> None:
+        """Evict a batch (max_entries / 1024, at least 1): each the LRU entry of the then
+        largest endpoint. One heap build per batch, not an O(endpoints) scan per entry."""
+        target = self.config.max_entries + 1 - max(1, self.config.max_entries >> 10)
+        eps = self._endpoints.values()
+        heap = [(-len(ep.entries), i, ep) for i, ep in enumerate(eps) if ep.entries]
+        heapq.heapify(heap)  # ties: registration order, as max() over the dict would pick
+        while self._num_entries > target and heap:
+            size, i, victim = heap[0]
+            key, _ = victim.entries.popitem(last=False)
+            victim.expiry.pop(key, None)
+            self._num_entries -= 1
+            self._unhold(key, victim.bit)
+            self._evictions += 1
+            if size + 1 < 0:
+                heapq.heapreplace(heap, (size + 1, i, victim))
+            else:
+                heapq.heappop(heap)

@@ -306,3 +306,36 @@ def test_eviction_takes_the_oldest_entry_of_the_largest_endpoint() -> None:
     assert index.stats().num_entries == 6 and index.stats().evictions == 1
     assert index.match(big, ["big"]) == {"big": 1}  # block 1 went, so the run stops there
     assert index.match(small, ["small"]) == {"small": 2}
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 40)), min_size=1, max_size=30))
+def test_batch_eviction_takes_what_one_at_a_time_from_the_largest_would(
+    routes: list[tuple[int, int]],
+) -> None:
+    """The index evicts max_entries / 1024 entries per overflow (one heap build per batch);
+    each must be the oldest entry of the then largest endpoint, ties in registration order,
+    exactly as evicting one at a time by scanning every endpoint did."""
+    bound = 2048 + 64  # batches of 2
+    index = PrefixIndex(PrefixIndexConfig(max_entries=bound))
+    model: dict[str, list[int]] = {}  # the reference: per endpoint, keys oldest first
+    batch = bound >> 10
+    next_key = 0
+    for step, (e, n) in enumerate(routes):
+        name = ENDPOINTS[e % len(ENDPOINTS)]
+        keys = list(range(next_key, next_key + n * 20))
+        next_key += len(keys)
+        index.record_route(name, keys, now=0.0)
+        for key in keys:
+            model.setdefault(name, []).append(key)
+            if sum(map(len, model.values())) > bound:
+                for _ in range(batch):
+                    victim = max((k for k in model if model[k]), key=lambda k: len(model[k]))
+                    model[victim].pop(0)
+        for endpoint, held in model.items():
+            stats = index.endpoint_stats(endpoint)
+            assert stats is not None and stats.num_entries == len(held), step
+            if held:
+                assert index.match(held[:1], [endpoint]) == {endpoint: 1}
+                assert index.holders(held[0]) == [endpoint]
+    assert index.stats().num_entries <= bound
