@@ -238,6 +238,7 @@ def main() -> None:
     parser.add_argument("--peak-replicas", type=int, default=0, help="0: sized from the run")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
+    parser.add_argument("--tag", default="", help="suffix of the result files' names")
     args = parser.parse_args()
     with ProcessPoolExecutor(args.jobs) as pool:
         scaled = [pool.submit(run_policy, p, args.min_replicas, args)
@@ -269,12 +270,13 @@ def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     doc = {"args": vars(args), "peak_sizing": {"replicas": n, **sizing}, "results": results,
            "verdicts": lines, "load": os.getloadavg()}  # fmt: skip
-    (RESULTS / "autoscale-sim.json").write_text(json.dumps(doc, indent=1))
-    (RESULTS / "autoscale-sim.md").write_text(
+    name = "autoscale-sim" + (f"-{args.tag}" if args.tag else "")
+    (RESULTS / f"{name}.json").write_text(json.dumps(doc, indent=1))
+    (RESULTS / f"{name}.md").write_text(
         f"# Autoscaling in the simulator\n\n`python bench/autoscale.py` with {vars(args)}\n\n"
         f"{text}\n\npeak fleet: {n} x H100 ({sizing})\n\n" + "\n".join(lines) + "\n"
     )
-    plot(results, RESULTS / "autoscale-sim.png", "Simulator: diurnal agentic day with a 5x burst")
+    plot(results, RESULTS / f"{name}.png", "Simulator: diurnal agentic day with a 5x burst")
 
 
 if __name__ == "__main__":

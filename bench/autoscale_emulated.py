@@ -6,13 +6,20 @@ their weights before they answer ``/health``; drained ones finish their calls, t
 and a load driver in the same process sending agentic tasks (4-8 streamed calls each with a
 workflow id, a shared system prompt and a growing context) whose arrival rate follows a
 diurnal curve compressed into ``--duration-s`` (trough 0.4x, peak 1.6x of ``--tasks-per-s``)
-with a 5x burst for ``--burst-s`` from ``--burst-at`` of the run. Two arms, one after the
+with a 5x burst for ``--burst-s`` from ``--burst-at`` of the run. Three arms, one after the
 other, same seed:
 
 * ``inferplane``: ``setup_autoscaling`` with the embedded fleet as actuator, one warm engine
-  at start, ``min_replicas`` 1 and ``max_replicas`` ``--max-replicas``;
+  at start, ``min_replicas`` 1 and ``max_replicas`` ``--max-replicas``; ``--burst-prior``
+  and ``--burst-memory-s`` set the loop's burst reserve (:mod:`inferplane.core.autoscale_reserve`);
 * ``peak``: ``--peak-replicas`` warm engines and no loop (0: the loop's sizing rule applied
-  to the peak work rate the inferplane arm measured).
+  to the peak work rate the inferplane arm measured);
+* ``queue-hpa``: production-stack's KEDA rule on waiting calls as an HPA evaluates it
+  (``bench/autoscale_hpa.py``), one warm engine at start, through the same embedded fleet.
+
+``--arms`` picks the arms to run now; each arm's result is saved apart
+(``autoscale-emulated[-TAG]-ARM.json``) and the report covers every arm saved under the tag,
+so arms too long for one lock hold run in separate invocations.
 
 Outlier ejection (the gateway's breaker) is off in every arm unless ``--outlier-ejection``:
 the engines, gateway and load share this machine's CPUs, so a CPU-starved emulated engine
@@ -21,9 +28,10 @@ engines for 163 s that way); these engines never fail, and both arms get the sam
 
 Reports replicas over time (started engines, warming and draining included: what is paid),
 SLO attainment (streamed calls with a first token within ``--slo-ttft-s`` and done within
-``--slo-e2e-s``, over calls sent), GPU-hours and cost per successful task. Writes
-bench/results/autoscale-emulated.json and .png. The engines, the gateway and the load share
-this machine's cores, so the numbers carry the machine's load (printed with them).
+``--slo-e2e-s``, over calls sent), GPU-hours and cost per successful task, with the issue's
+PASS/MISS lines. Writes bench/results/autoscale-emulated[-TAG].json, .md and .png. The
+engines, the gateway and the load share this machine's cores, so the numbers carry the
+machine's load (printed with them).
 
 Run: ``python bench/autoscale_emulated.py [--duration-s 300] [--time-scale 2]``.
 """
@@ -36,6 +44,7 @@ import json
 import math
 import os
 import random
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +65,11 @@ from inferplane.gateway.autoscale import (
     setup_autoscaling,
 )
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from autoscale_emulated_report import plot, rate_factor, table, verdicts
+from autoscale_hpa import QueueHpa
+
 RESULTS = Path(__file__).parent / "results"
 POOL, GPU = "llama-3-8b", "h100"
 TARGET_UTILISATION = 0.7
@@ -70,13 +84,6 @@ class CallResult:
     ok: bool
     work_tokens: int  # uncached prompt plus completion, from the usage chunk
     why: str = ""  # a failure: HTTP status and error code, or the exception
-
-
-def rate_factor(t: float, args: argparse.Namespace) -> float:
-    """Diurnal curve (0.4x at the start, 1.6x mid-run) with the 5x burst on top."""
-    diurnal = 1.0 + 0.6 * math.sin(2 * math.pi * (t / args.duration_s + 0.75))
-    start = args.burst_at * args.duration_s
-    return diurnal * (5.0 if start <= t < start + args.burst_s else 1.0)
 
 
 class Driver:
@@ -163,6 +170,15 @@ class Driver:
         return CallResult(start - self._start, ttft, None, False, work, "stream ended")
 
 
+def pool_config(args: argparse.Namespace) -> AutoscaleConfig:
+    pool = PoolScaleConfig(model=POOL, gpus=(GPU,), min_replicas=1,
+                           max_replicas=args.max_replicas, target_utilisation=TARGET_UTILISATION,
+                           scale_down_window_s=args.down_window_s,
+                           scale_down_cooldown_s=args.down_window_s)  # fmt: skip
+    return AutoscaleConfig(enabled=True, tick_s=args.tick_s, time_scale=args.time_scale,
+                           pools=(pool,))  # fmt: skip
+
+
 async def run_arm(arm: str, replicas: int, args: argparse.Namespace) -> dict[str, Any]:
     slots = EmbeddedFleet.plan(POOL, GPU, args.max_replicas, args.time_scale, prefix=arm)
     holder: list[Gateway] = []
@@ -183,18 +199,15 @@ async def run_arm(arm: str, replicas: int, args: argparse.Namespace) -> dict[str
         await fleet.start_slot(slot.name, cold=False)
     app = gateway.build_app()
     if arm == "inferplane":
-        pool = PoolScaleConfig(model=POOL, gpus=(GPU,), min_replicas=1,
-                               max_replicas=args.max_replicas,
-                               target_utilisation=TARGET_UTILISATION,
-                               scale_down_window_s=args.down_window_s,
-                               scale_down_cooldown_s=args.down_window_s)  # fmt: skip
-        scale = AutoscaleConfig(enabled=True, tick_s=args.tick_s, time_scale=args.time_scale,
-                                pools=(pool,))  # fmt: skip
-        setup_autoscaling(app, gateway, scale, fleet)
+        overrides = {"burst_prior": args.burst_prior, "burst_memory_s": args.burst_memory_s}
+        setup_autoscaling(app, gateway, pool_config(args), fleet, overrides)
+    hpa = QueueHpa(gateway, fleet, pool_config(args).policies()[0], args.tick_s)
     runner, port = await start_server(app, "127.0.0.1", 0)
     url = f"http://127.0.0.1:{port}"
     try:
         await _ready(gateway, [s.name for s in slots[:replicas]])
+        if arm == "queue-hpa":
+            hpa.start()
         driver = Driver(url, args)
         series: list[tuple[float, int, int, str]] = []  # (t, started, ready, states)
         sampler = asyncio.create_task(_sample(fleet, gateway, series, slots))
@@ -203,7 +216,9 @@ async def run_arm(arm: str, replicas: int, args: argparse.Namespace) -> dict[str
         elapsed = time.monotonic() - started
         sampler.cancel()
         decisions = app[CONTROLLER_KEY]["ctl"].snapshot() if arm == "inferplane" else []
+        decisions = hpa.decisions if arm == "queue-hpa" else decisions
     finally:
+        await hpa.stop()
         await runner.cleanup()
         await fleet.stop()
     return summarise(arm, driver, series, elapsed, decisions, args)
@@ -274,68 +289,48 @@ def summarise(
     }  # fmt: skip
 
 
-def plot(results: list[dict[str, Any]], args: argparse.Namespace, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
-    xs = [float(t) for t in range(int(args.duration_s))]
-    top.plot(xs, [args.tasks_per_s * rate_factor(t, args) for t in xs], color="black")
-    top.set_ylabel("tasks / s (offered)")
-    top.set_title(f"Emulated fleet (time scale {args.time_scale:g}): replicas over time")
-    for r in results:
-        ts = [p[0] for p in r["series"]]
-        bottom.step(ts, [p[1] for p in r["series"]], where="post", label=f"{r['arm']} started")
-        if r["arm"] == "inferplane":
-            bottom.step(ts, [p[2] for p in r["series"]], where="post", label="inferplane ready",
-                        linestyle="--")  # fmt: skip
-    bottom.set_ylabel("engines")
-    bottom.set_xlabel("time (s)")
-    bottom.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=80, metadata={"Software": None})
-    plt.close(fig)
-
-
-def table(results: list[dict[str, Any]]) -> str:
-    peak = results[-1]
-    lines = ["| arm | calls | SLO attainment | TTFT p90 | GPU-hours | x peak | spend "
-             "| cost / successful task | tasks ok/failed | max engines |",
-             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    for r in results:
-        cost = r["cost_per_successful_task_usd"]
-        lines.append(
-            f"| {r['arm']} | {r['calls']} | {100 * (r['slo_attainment'] or 0):.2f}% | "
-            f"{r['ttft_p90_s'] or 0:.2f} s | {r['gpu_hours']:.3f} | "
-            f"{r['gpu_hours'] / peak['gpu_hours']:.2f} | ${r['spend_usd']:.3f} | "
-            f"{'-' if cost is None else f'${cost:.5f}'} | {r['tasks_ok']}/{r['tasks_failed']} | "
-            f"{r['max_replicas']} |"
-        )
-    return "\n".join(lines)
-
-
 async def main_async(args: argparse.Namespace) -> None:
-    load_before = os.getloadavg()
-    ip = await run_arm("inferplane", 1, args)
-    per_replica = ip["replica_tokens_per_s"] * TARGET_UTILISATION
-    n = args.peak_replicas or max(1, math.ceil(ip["peak_work_tokens_per_s"] / per_replica))
-    peak = await run_arm("peak", min(n, args.max_replicas), args)
-    results = [ip, peak]
-    text = table(results)
-    print(text)
-    gap = 100 * ((peak["slo_attainment"] or 0) - (ip["slo_attainment"] or 0))
-    ratio = ip["gpu_hours"] / peak["gpu_hours"]
-    verdict = (f"{'PASS' if gap <= 1 and ratio <= 0.6 else 'MISS'}: attainment {gap:+.2f} "
-               f"points below peak (<= 1) at {ratio:.2f}x its GPU-hours (<= 0.6)")  # fmt: skip
-    print(f"peak fleet: {n} engines; load average before {load_before}, after {os.getloadavg()}")
-    print(verdict)
+    """Runs ``--arms`` (each one's result saved apart), then reports every arm saved under
+    the tag: arms too long for one run may run in separate invocations."""
     RESULTS.mkdir(exist_ok=True)
-    doc = {"args": vars(args), "peak_replicas": n, "results": results, "verdict": verdict,
-           "load_before": load_before, "load_after": os.getloadavg()}  # fmt: skip
-    (RESULTS / "autoscale-emulated.json").write_text(json.dumps(doc, indent=1))
-    plot(results, args, RESULTS / "autoscale-emulated.png")
+    stem = "autoscale-emulated" + (f"-{args.tag}" if args.tag else "")
+    for arm in args.arms.split(","):
+        load_before = os.getloadavg()
+        if arm == "peak":
+            ip_path = RESULTS / f"{stem}-inferplane.json"
+            ip = json.loads(ip_path.read_text()) if ip_path.exists() else None
+            per_replica = (ip or {}).get("replica_tokens_per_s", 1.0) * TARGET_UTILISATION
+            work = (ip or {}).get("peak_work_tokens_per_s", 0.0)
+            n = args.peak_replicas or max(1, math.ceil(work / per_replica))
+            result = await run_arm("peak", min(n, args.max_replicas), args)
+        else:
+            result = await run_arm(arm, 1, args)
+        result.update(args=vars(args), load_before=load_before, load_after=os.getloadavg())
+        (RESULTS / f"{stem}-{arm}.json").write_text(json.dumps(result, indent=1))
+    order = ("inferplane", "queue-hpa", "peak")
+    by = {
+        a: json.loads(p.read_text()) for a in order if (p := RESULTS / f"{stem}-{a}.json").exists()
+    }
+    results = [by[a] for a in order if a in by and a != "peak"] + (
+        [by["peak"]] if "peak" in by else []
+    )
+    text = table(results)
+    lines = verdicts(by)
+    loads = [f"{r['arm']}: {r['load_before'][0]:.2f} -> {r['load_after'][0]:.2f}" for r in results]
+    print(text)
+    print("load average (1 min) before -> after each arm: " + "; ".join(loads))
+    print("\n".join(lines))
+    doc = {"args": vars(args), "results": results, "verdicts": lines}
+    (RESULTS / f"{stem}.json").write_text(json.dumps(doc, indent=1))
+    (RESULTS / f"{stem}.md").write_text(
+        f"# Autoscaling on the emulated fleet\n\n`python bench/autoscale_emulated.py` with "
+        f"{vars(args)}\n\n{text}\n\nload average (1 min) before -> after each arm: "
+        + "; ".join(loads)
+        + "\n\n"
+        + "\n".join(lines)
+        + "\n"
+    )
+    plot(results, args, RESULTS / f"{stem}.png")
 
 
 def main() -> None:
@@ -352,6 +347,24 @@ def main() -> None:
     parser.add_argument("--slo-ttft-s", type=float, default=3.0)
     parser.add_argument("--slo-e2e-s", type=float, default=30.0)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--arms",
+        default="inferplane,peak",
+        help="comma-separated arms to run now: inferplane, peak, queue-hpa",
+    )
+    parser.add_argument("--tag", default="", help="suffix of the result files' names")
+    parser.add_argument(
+        "--burst-prior",
+        type=float,
+        default=1.0,
+        help="burst factor the reserve covers before one is seen (1: none)",
+    )
+    parser.add_argument(
+        "--burst-memory-s",
+        type=float,
+        default=None,
+        help="half-life of the learned burst factor (None: twice --down-window-s)",
+    )
     parser.add_argument(
         "--outlier-ejection", action="store_true", help="the breaker on (every arm alike)"
     )

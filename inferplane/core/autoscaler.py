@@ -19,9 +19,9 @@ How the desired size is found:
   check a window before its tick is due (at ``early_surge_z``) and tick at once.
 * **burst reserve**: spare warm capacity for ``demand x burst factor`` at
   ``reserve_utilisation``, the factor learned from the bursts seen (held, decaying with a
-  half-life of ``burst_memory_s``; ``burst_prior`` before any) and capped by the highest rate
-  seen (:mod:`inferplane.core.autoscale_reserve`): it covers a burst's first cold start,
-  which no reactive step can.
+  half-life of ``burst_memory_s``, by default twice the scale-down window; ``burst_prior``
+  before any) and capped by the highest rate seen (:mod:`inferplane.core.autoscale_reserve`):
+  it covers a burst's first cold start, which no reactive step can.
 * **ahead of need**: a new replica takes its cold-start time before it serves, so capacity is
   sized for the peak forecast over ``[now, now + cold start + tick]``, not for now.
 * **detect**: a backlog adds the replicas that drain it within ``backlog_drain_s``; SLO
@@ -44,6 +44,10 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from inferplane.core.autoscale_plan import capacity as _capacity
+from inferplane.core.autoscale_plan import cheapest_for as _cheapest_for
+from inferplane.core.autoscale_plan import grow as _grow
+from inferplane.core.autoscale_plan import shrink as _shrink
 from inferplane.core.autoscale_reserve import BurstReserve
 from inferplane.core.autoscale_surge import surge_rate
 from inferplane.core.forecast import Forecast, HoltForecast, ScheduleForecast
@@ -103,7 +107,9 @@ class PoolPolicy:
     surge_windows: int = 4  # windows the surge's slope is fitted over (least squares)
     early_surge_z: float = 3.5  # a window not yet due this far over the forecast: tick now
     burst_prior: float = 1.0  # burst factor the reserve covers before one is seen (1: none)
-    burst_memory_s: float = 600.0  # half-life of the learned burst factor
+    # Half-life of the learned burst factor (None: twice scale_down_window_s, the time the
+    # loop holds a peak's capacity; a day compressed for a bench compresses both alike).
+    burst_memory_s: float | None = None
     burst_max_factor: float = 8.0  # the learned factor's cap
     burst_z: float = 2.0  # a window's count is read at its Poisson lower bound, z sigmas down
     reserve_utilisation: float = 1.0  # the reserve may run this hot until the loop catches up
@@ -122,7 +128,7 @@ class PoolPolicy:
             raise ValueError(f"pool {self.pool!r}: need surge z > 0, surge_max_factor >= 1")
         if self.surge_windows < 2:
             raise ValueError(f"pool {self.pool!r}: surge_windows >= 2")
-        if not 1 <= self.burst_prior <= self.burst_max_factor or self.burst_memory_s < 0:
+        if not 1 <= self.burst_prior <= self.burst_max_factor or self.memory_s < 0:
             raise ValueError(f"pool {self.pool!r}: need 1 <= burst_prior <= burst_max_factor")
         if (
             not 0 < self.reserve_utilisation <= 1
@@ -130,6 +136,13 @@ class PoolPolicy:
             or self.reserve_baseline_s <= 0
         ):
             raise ValueError(f"pool {self.pool!r}: reserve_utilisation in (0, 1], burst_z >= 0")
+
+    @property
+    def memory_s(self) -> float:
+        """The learned burst factor's half-life."""
+        if self.burst_memory_s is None:
+            return 2.0 * self.scale_down_window_s
+        return self.burst_memory_s
 
     def option(self, gpu: str) -> GpuOption | None:
         return next((o for o in self.options if o.gpu == gpu), None)
@@ -260,7 +273,7 @@ def _decide_pool(
         slow.peak_tokens_per_s(now, now + horizon_s),
         forecast.peak_tokens_per_s(now, now + horizon_s),
     )
-    prior, memory_s = policy.burst_prior, policy.burst_memory_s
+    prior, memory_s = policy.burst_prior, policy.memory_s
     spare = reserve.reserve_tokens_per_s(base, now, prior=prior, memory_s=memory_s)
     if spare / policy.reserve_utilisation > need:
         need = spare / policy.reserve_utilisation
@@ -305,7 +318,7 @@ def _observe_reserve(policy: PoolPolicy, signal: PoolSignal, memory: _PoolMemory
         window_s=signal.window_s,
         now_s=signal.now_s,
         baseline_tokens_per_s=max(holt.level, holt.predict(signal.now_s)),
-        memory_s=policy.burst_memory_s,
+        memory_s=policy.memory_s,
         z=policy.burst_z,
         max_factor=policy.burst_max_factor,
     )
@@ -355,53 +368,3 @@ def _plan(
             why = f"peak need over {policy.scale_down_window_s:.0f} s {window_need:.0f} tok/s"
             return desired, ScaleAction.DOWN, why
     return dict(current), ScaleAction.HOLD, "within tolerance" if not cooling else "cooling down"
-
-
-def _capacity(policy: PoolPolicy, replicas: Mapping[str, int]) -> float:
-    total = 0.0
-    for gpu, n in replicas.items():
-        option = policy.option(gpu)
-        total += n * (option.tokens_per_s if option is not None else 0.0)
-    return total
-
-
-def _cheapest_for(policy: PoolPolicy, gap: float) -> GpuOption:
-    """The option that buys ``gap`` tokens/s for the least money per hour (whole replicas)."""
-
-    def cost(o: GpuOption) -> tuple[float, float, float]:
-        n = max(1, math.ceil(gap / o.tokens_per_s))
-        return n * o.price_per_hour_usd, o.usd_per_million_tokens, o.cold_start_s
-
-    return min(policy.options, key=cost)
-
-
-def _grow(policy: PoolPolicy, current: Mapping[str, int], need: float) -> dict[str, int]:
-    desired = dict(current)
-    while sum(desired.values()) < policy.max_replicas:
-        gap = need - _capacity(policy, desired)
-        if gap <= 0 and sum(desired.values()) >= policy.min_replicas:
-            break
-        option = _cheapest_for(policy, max(gap, 0.0))
-        desired[option.gpu] = desired.get(option.gpu, 0) + 1
-    return desired
-
-
-def _shrink(policy: PoolPolicy, current: Mapping[str, int], need: float) -> dict[str, int]:
-    """Drop the costliest-per-token replicas while capacity stays at ``need`` and bounds hold."""
-    desired = dict(current)
-
-    def per_token(gpu: str) -> float:
-        option = policy.option(gpu)
-        return math.inf if option is None else option.usd_per_million_tokens
-
-    for gpu in sorted(desired, key=per_token, reverse=True):
-        option = policy.option(gpu)
-        size = 0.0 if option is None else option.tokens_per_s
-        while desired[gpu] > 0 and sum(desired.values()) > policy.min_replicas:
-            over_max = sum(desired.values()) > policy.max_replicas
-            # Keep a tolerance band above the need: shrinking must not invite a scale-up.
-            left = _capacity(policy, desired) - size
-            if not over_max and left < need * (1 + policy.down_tolerance):
-                break
-            desired[gpu] -= 1
-    return {g: n for g, n in desired.items() if n > 0}
