@@ -44,6 +44,7 @@ from typing import Any
 
 from inferplane.config import FleetConfig, parse_config
 from inferplane.engine.sizing import gpu_option
+from inferplane.sim import scale_loop
 from inferplane.sim.autoscale import gpu_hours, replica_spend_usd
 from inferplane.sim.records import Outcome
 from inferplane.sim.runner import Simulation
@@ -99,6 +100,9 @@ def scenario(args: argparse.Namespace) -> Scenario:
 
 
 def run_policy(policy: str, replicas: int, args: argparse.Namespace) -> dict[str, Any]:
+    scale_loop.POLICY_OVERRIDES.update(
+        burst_prior=args.burst_prior, burst_max_factor=max(args.burst_prior, args.burst_max_factor)
+    )
     sc = scenario(args)
     mode = "off" if policy == "peak" else policy
     started = time.perf_counter()
@@ -239,6 +243,18 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     parser.add_argument("--tag", default="", help="suffix of the result files' names")
+    parser.add_argument(
+        "--burst-prior",
+        type=float,
+        default=1.0,
+        help="burst factor the loop's reserve covers before one is seen",
+    )
+    parser.add_argument(
+        "--burst-max-factor",
+        type=float,
+        default=8.0,
+        help="cap of the learned burst factor (1: no reserve)",
+    )
     args = parser.parse_args()
     with ProcessPoolExecutor(args.jobs) as pool:
         scaled = [pool.submit(run_policy, p, args.min_replicas, args)

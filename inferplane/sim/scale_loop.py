@@ -13,7 +13,8 @@ import enum
 import math
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from inferplane.core.autoscale_sensor import PoolSensor
 from inferplane.core.autoscaler import (
@@ -42,6 +43,11 @@ __all__ = [
 
 #: Tokens one waiting call stands for before any call has been seen (the gateway's figure).
 DEFAULT_TOKENS_PER_CALL = 1000.0
+
+#: :class:`~inferplane.core.autoscaler.PoolPolicy` fields set on every pool's policy of the
+#: loops made from now on in this process: core knobs the config section does not carry
+#: (the burst reserve's), for a bench that compares them (``bench/autoscale.py``).
+POLICY_OVERRIDES: dict[str, Any] = {}
 
 
 class ScalePolicy(enum.Enum):
@@ -118,7 +124,7 @@ class ScaleLoop:
     ) -> None:
         self.config = config
         self.policy = policy
-        self.policies = {p.pool: p for p in config.policies()}
+        self.policies = {p.pool: replace(p, **POLICY_OVERRIDES) for p in config.policies()}
         self.core = Autoscaler(list(self.policies.values()))
         self.state = AutoscalerState()
         self.forecasts = forecasts

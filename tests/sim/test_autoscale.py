@@ -185,3 +185,16 @@ def test_an_unannounced_step_is_seen_between_ticks_and_extrapolated() -> None:
     hpa = run(sc, fleet(1, max_replicas=12, tick_s=5), "queue-hpa")
     assert hpa.scaler is not None and not hpa.scaler.early_ticks
     assert all(p.time_s % 5 == 0 for p in hpa.scaler.timeline)
+
+
+def test_policy_overrides_reach_the_loops_made_after_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    from inferplane.sim import scale_loop
+
+    config = fleet(1).autoscale
+    plain = scale_loop.make_loop(config, "inferplane")
+    monkeypatch.setattr(scale_loop, "POLICY_OVERRIDES", {"burst_prior": 3.0})
+    tuned = scale_loop.make_loop(config, "inferplane")
+    assert plain is not None and tuned is not None
+    assert plain.policies[MODEL].burst_prior == 1.0
+    assert tuned.policies[MODEL].burst_prior == 3.0
+    assert tuned.policies[MODEL].max_replicas == plain.policies[MODEL].max_replicas
