@@ -251,6 +251,14 @@ async def _sample(
         await asyncio.sleep(1.0)
 
 
+def _met(c: CallResult, args: argparse.Namespace) -> bool:
+    """A streamed call within its SLO: answered, first token and end within their bounds."""
+    return (
+        c.ok and c.ttft_s is not None and c.ttft_s <= args.slo_ttft_s
+        and c.e2e_s is not None and c.e2e_s <= args.slo_e2e_s
+    )  # fmt: skip
+
+
 def summarise(
     arm: str, driver: Driver, series: list[tuple[float, int, int, str]], elapsed: float,
     decisions: list[Any], args: argparse.Namespace,
@@ -258,11 +266,7 @@ def summarise(
     option = gpu_option(POOL, GPU, time_scale=args.time_scale)
     gpu_s = sum(p[1] * (series[i + 1][0] - p[0]) for i, p in enumerate(series[:-1]))
     calls = driver.calls
-    met = sum(
-        c.ok and c.ttft_s is not None and c.ttft_s <= args.slo_ttft_s
-        and c.e2e_s is not None and c.e2e_s <= args.slo_e2e_s
-        for c in calls
-    )  # fmt: skip
+    met = sum(_met(c, args) for c in calls)
     spend = gpu_s / 3600 * option.price_per_hour_usd
     buckets: dict[int, list[int]] = {}
     for c in calls:
@@ -271,9 +275,12 @@ def summarise(
     peak_work = max((sum(w) / 10 for w in buckets.values()), default=0.0)
     ttfts = sorted(c.ttft_s for c in calls if c.ttft_s is not None)
     failures: dict[str, int] = {}
+    missed: dict[int, int] = {}  # calls that missed the SLO (failed too), by 10 s of sending
     for c in calls:
         if not c.ok:
             failures[c.why] = failures.get(c.why, 0) + 1
+        if not _met(c, args):
+            missed[10 * int(c.sent_s // 10)] = missed.get(10 * int(c.sent_s // 10), 0) + 1
     return {
         "arm": arm, "calls": len(calls), "ok": sum(c.ok for c in calls),
         "slo_attainment": met / len(calls) if calls else None,
@@ -284,7 +291,7 @@ def summarise(
         "max_replicas": max(p[1] for p in series), "elapsed_s": elapsed,
         "peak_work_tokens_per_s": peak_work, "replica_tokens_per_s": option.tokens_per_s,
         "series": [[round(t, 1), n, r, code] for t, n, r, code in series],
-        "failures": failures,
+        "failures": failures, "missed_by_10s": dict(sorted(missed.items())),
         "last_decisions": decisions,
     }  # fmt: skip
 
