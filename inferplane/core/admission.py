@@ -48,7 +48,7 @@ from inferplane.core.capacity import (
     pool_capacity,
     scraped_saturation,
 )
-from inferplane.core.headroom import HeadroomDemand, HeldConfigs
+from inferplane.core.headroom import HeadroomDemand, HeldConfigs, decode_held
 from inferplane.core.predictor import LatencyPredictor
 from inferplane.core.queueing import ExitKind, QueueExit, QueueItem, RequestQueue
 from inferplane.core.quotas import QuotaBook
@@ -171,14 +171,17 @@ class Admission:
     def _decode_held(
         self, prio: PriorityClass, model: str, pool: Sequence[EndpointView], now: float
     ) -> bool:
-        """Whether the pool's best predicted TPOT is over the class's cap (decode
-        protection of higher-class deadlines, :mod:`inferplane.core.headroom`)."""
-        cap_s = self.headroom.tpot_caps(now).of(prio)
-        if math.isinf(cap_s):
+        """Whether decode protection of higher-class deadlines holds the class now
+        (:func:`inferplane.core.headroom.decode_held`)."""
+        need_s = self.headroom.tpot_needs(now).of(prio)
+        if math.isinf(need_s):
             return False
-        pred = self.predictor
-        tpots = [pred.predict(v, model, 0, now).tpot_s for v in pool if v.state.accepts_work]
-        return bool(tpots) and min(tpots) > cap_s
+        pred, share = self.predictor, self.config.headroom.tpot_share.of(prio)
+        ests = (
+            (pred.predict(v, model, 0, now), pred.prior(v, model))
+            for v in pool if v.state.accepts_work
+        )  # fmt: skip
+        return decode_held(need_s, share, ests)
 
     def held_config(self, now: float) -> AdmissionConfig:
         """The config with the holds of the demand seen now (:class:`HeldConfigs`)."""

@@ -13,13 +13,16 @@ the demand actually seen:
 * decode is protected too: every prefill chunk an engine runs stalls the decodes in its
   batch (a 2048-token chunk of a 70B model takes 0.55 s on 4 x A100: 20x a decode step),
   so an engine kept busy prefilling lower-class work decodes a critical answer of a few
-  hundred tokens past a 30 s deadline, however short its queue. Higher-class calls with
-  deadlines need a time per output token of about (deadline - TTFT budget) / output
-  tokens: the mean time left (EWMA) over the long answers among them (a high quantile of
-  their output tokens: an estimate that jumps up halfway to a longer answer and decays
-  by 2% per shorter one); a lower class is held while the best predicted TPOT of the pool
-  (calibrated on observed TPOT, so it includes that interference) is over ``tpot_share``
-  x that need.
+  hundred tokens past a 30 s deadline, however short its queue. A higher-class call with
+  a deadline needs a time per output token of (deadline - TTFT budget) / output tokens;
+  the class's need is a low estimate of those (the tightest calls: it drops halfway to a
+  lower need and rises by 2% of the gap per looser one). A lower class is held while no
+  endpoint's predicted TPOT with one more call (calibrated on observed TPOT, so it
+  includes that interference) is within its cap: the TPOT of a batch of one (the floor
+  no hold can go under) plus ``tpot_share`` of the slack between that floor and the
+  need. The share of the *slack*, not of the need: on engines whose batch of one already
+  takes most of the need (16-slot emulated engines with deadlines 2x the full-batch
+  time) a share of the need sat under the floor and held lower classes at any load.
 
 The same demand decides the slot and KV holds: a class keeps ``slot_share``/``kv_share``
 of an endpoint free only while a higher class had a call within ``demand_window_s``; a
@@ -33,39 +36,61 @@ Pure: ``now`` and each call's budgets are passed in.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from inferplane.core.admission_config import AdmissionConfig, HeadroomConfig, PerClass
+from inferplane.core.predictor import LatencyEstimate
+from inferplane.core.routing_config import EndpointPrior
 from inferplane.core.types import PriorityClass
 
-__all__ = ["HeadroomDemand", "HeldConfigs"]
+__all__ = ["HeadroomDemand", "HeldConfigs", "decode_cap_s", "decode_held"]
 
 _ORDER = (PriorityClass.CRITICAL, PriorityClass.STANDARD, PriorityClass.SHEDDABLE)
 _ALPHA = 0.1  # weight of one call in its class's means
-_UP, _DOWN = 0.5, 0.02  # the long-answer estimate: quick to rise, slow to fall
+_QUICK, _SLOW = 0.5, 0.02  # the need's low estimate: quick to fall, slow to rise
 
 
 @dataclass(slots=True)
 class _Seen:
     last_s: float
     budget_s: float | None = None  # EWMA of the TTFT budgets carried (None: none yet)
-    decode_s: float | None = None  # EWMA of the time left to decode (deadline - TTFT budget)
-    tokens: float | None = None  # high quantile of the output tokens of those calls
-
-    def tpot_need_s(self) -> float | None:
-        if self.decode_s is None or self.tokens is None:
-            return None
-        return self.decode_s / max(1.0, self.tokens)
+    need_s: float | None = None  # low estimate of the TPOT their deadlines need
 
 
 def _ewma(old: float | None, value: float) -> float:
     return value if old is None else old + _ALPHA * (value - old)
 
 
-def _high(old: float | None, value: float) -> float:
+def _low(old: float | None, value: float) -> float:
     if old is None:
         return value
-    return old + (_UP if value > old else _DOWN) * (value - old)
+    return old + (_QUICK if value < old else _SLOW) * (value - old)
+
+
+def decode_cap_s(need_s: float, floor_s: float, share: float) -> float:
+    """The TPOT a lower class may push an endpoint to: its batch-of-one TPOT ``floor_s``
+    plus ``share`` of the slack up to the higher classes' ``need_s`` (none: the floor)."""
+    if math.isinf(need_s):
+        return math.inf
+    return floor_s + min(1.0, share) * max(0.0, need_s - floor_s)
+
+
+def decode_held(
+    need_s: float, share: float, endpoints: Iterable[tuple[LatencyEstimate, EndpointPrior]]
+) -> bool:
+    """Whether a lower class is held: no endpoint's predicted TPOT with one more call is
+    within :func:`decode_cap_s` (``endpoints``: each one's estimate now and its prior)."""
+    if math.isinf(need_s):
+        return False
+    held = False
+    for est, prior in endpoints:
+        one_s = prior.decode_base_s + prior.decode_per_seq_s  # a batch of one, uncalibrated
+        floor_s = one_s * est.tpot_s / est.raw_tpot_s if est.raw_tpot_s > 0 else est.tpot_s
+        if est.tpot_s <= decode_cap_s(need_s, floor_s, share):
+            return False
+        held = True
+    return held
 
 
 def _usable(x: float | None) -> float | None:
@@ -100,8 +125,7 @@ class HeadroomDemand:
             seen.budget_s = _ewma(seen.budget_s, ttft_s)
         e2e_s = _usable(e2e_budget_s)
         if e2e_s is not None and num_output_tokens > 0 and e2e_s > (ttft_s or 0.0):
-            seen.decode_s = _ewma(seen.decode_s, e2e_s - (ttft_s or 0.0))
-            seen.tokens = _high(seen.tokens, float(num_output_tokens))
+            seen.need_s = _low(seen.need_s, (e2e_s - (ttft_s or 0.0)) / num_output_tokens)
 
     def wait_caps(self, now: float) -> PerClass:
         """The predicted engine wait each class may dispatch into now (inf: not held)."""
@@ -117,14 +141,14 @@ class HeadroomDemand:
                 caps[i] = self.config.max_wait_s.of(prio)
         return PerClass(critical=caps[0], standard=caps[1], sheddable=caps[2])
 
-    def tpot_caps(self, now: float) -> PerClass:
-        """The best predicted TPOT each class may dispatch into now (inf: not held)."""
-        caps = [math.inf, math.inf, math.inf]
-        for i, prio in enumerate(_ORDER[1:], start=1):
-            needs = [n for s in self._active(_ORDER[:i], now) if (n := s.tpot_need_s())]
-            if needs:
-                caps[i] = self.config.tpot_share.of(prio) * min(needs)
-        return PerClass(critical=caps[0], standard=caps[1], sheddable=caps[2])
+    def tpot_needs(self, now: float) -> PerClass:
+        """The TPOT the higher classes' deadlines need, per class (inf: not held)."""
+        needs = [math.inf, math.inf, math.inf]
+        for i, _prio in enumerate(_ORDER[1:], start=1):
+            found = [s.need_s for s in self._active(_ORDER[:i], now) if s.need_s is not None]
+            if found:
+                needs[i] = min(found)
+        return PerClass(critical=needs[0], standard=needs[1], sheddable=needs[2])
 
     def _active(self, classes: tuple[PriorityClass, ...], now: float) -> list[_Seen]:
         window_s = self.config.demand_window_s

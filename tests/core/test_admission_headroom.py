@@ -12,11 +12,14 @@ import math
 
 from inferplane.core.admission import Admit, Enqueue
 from inferplane.core.admission_config import HeadroomConfig, PerClass
-from inferplane.core.headroom import HeadroomDemand
+from inferplane.core.headroom import HeadroomDemand, decode_cap_s, decode_held
+from inferplane.core.predictor import LatencyEstimate
+from inferplane.core.routing_config import EndpointPrior
 from tests.core.test_admission import (
     CRIT,
     IDLE,
     INF,
+    PRIOR,
     SHED,
     STD,
     WAIT_CAP,
@@ -86,24 +89,28 @@ def _critical_chat(d: HeadroomDemand | None = None) -> HeadroomDemand:
 
 
 def test_decode_need_is_time_left_after_ttft_per_output_token() -> None:
-    caps = _critical_chat().tpot_caps(0.0)  # needs 28 s / 100 tokens = 0.28 s per token
-    assert caps.critical == INF
-    assert math.isclose(caps.standard, 0.6 * 0.28) and math.isclose(caps.sheddable, 0.4 * 0.28)
-    assert HeadroomDemand(HeadroomConfig()).tpot_caps(0.0).standard == INF  # no demand
+    needs = _critical_chat().tpot_needs(0.0)  # needs 28 s / 100 tokens = 0.28 s per token
+    assert needs.critical == INF
+    assert math.isclose(needs.standard, 0.28) and math.isclose(needs.sheddable, 0.28)
+    assert HeadroomDemand(HeadroomConfig()).tpot_needs(0.0).standard == INF  # no demand
     no_deadline = HeadroomDemand(HeadroomConfig())
     no_deadline.note(CRIT, 2.0, 0.0)  # a budget but no deadline: nothing to decode against
-    assert no_deadline.tpot_caps(0.0).standard == INF
-    assert _critical_chat().tpot_caps(31.0).standard == INF  # the window passed
+    assert no_deadline.tpot_needs(0.0).standard == INF
+    assert _critical_chat().tpot_needs(31.0).standard == INF  # the window passed
+
+
+def _cap(share: float, need_s: float = 0.28) -> float:
+    """The stub's cap: its batch of one (PRIOR) plus ``share`` of the slack to the need."""
+    return decode_cap_s(need_s, PRIOR.decode_base_s + PRIOR.decode_per_seq_s, share)
 
 
 def test_engines_too_slow_to_decode_critical_answers_hold_lower_classes() -> None:
-    # Engines busy prefilling decode at 0.2 s per token: over 0.6 x 0.28 s for standard.
+    assert _cap(0.4) < 0.15 < _cap(0.6) < 0.2  # standard 0.6 and sheddable 0.4 of the slack
     slow = adm(StubPredictor(wait_s=0.0, tpot_s=0.2), headroom=WAIT_CAP)
     _critical_chat(slow.headroom)
     assert isinstance(slow.admit(call("s", prio=STD), IDLE, 0.0), Enqueue)
     assert isinstance(slow.admit(call("c", prio=CRIT), IDLE, 0.0), Admit)  # never held
     assert slow.poll(1.0, lambda m: IDLE) == []  # still too slow: stays queued
-    # Decoding at 0.15 s per token is under the standard cap (0.168) and over sheddable's.
     fast = adm(StubPredictor(wait_s=0.0, tpot_s=0.15), headroom=WAIT_CAP)
     _critical_chat(fast.headroom)
     assert isinstance(fast.admit(call("s", prio=STD), IDLE, 0.0), Admit)
@@ -114,17 +121,43 @@ def test_the_decode_hold_lifts_when_tpot_recovers() -> None:
     stub = StubPredictor(wait_s=0.0, tpot_s=0.2)
     a = adm(stub, headroom=WAIT_CAP)
     a.admit(call("c", prio=CRIT, deadline_s=30.0, ttft_budget_s=2.0), IDLE, 0.0)
-    assert a.headroom.tpot_caps(0.0).standard < 0.2
     assert isinstance(a.admit(call("s", prio=STD), IDLE, 0.0), Enqueue)
     stub.tpot_s = 0.01  # the engines' batches drained
     assert [e.item.request_id for e in a.poll(1.0, lambda m: IDLE)] == ["s"]
 
 
-def test_the_need_follows_the_long_answers_and_decays_slowly() -> None:
-    d = _critical_chat()  # 100 tokens
-    d.note(CRIT, 2.0, 1.0, e2e_budget_s=30.0, num_output_tokens=1100)  # halfway up: 600
-    assert math.isclose(d.tpot_caps(1.0).standard, 0.6 * 28.0 / 600.0)
-    for i in range(10):  # ten short answers lower it by 2% of the gap each
+def test_the_need_follows_the_tightest_calls_and_rises_slowly() -> None:
+    d = _critical_chat()  # 0.28 s per token
+    d.note(CRIT, 2.0, 1.0, e2e_budget_s=30.0, num_output_tokens=1100)  # halfway down
+    tight = 28.0 / 1100
+    assert math.isclose(d.tpot_needs(1.0).standard, (0.28 + tight) / 2)
+    before = d.tpot_needs(1.0).standard
+    for i in range(10):  # ten looser calls raise it by 2% of the gap each
         d.note(CRIT, 2.0, 2.0 + i, e2e_budget_s=30.0, num_output_tokens=100)
-    tokens = 28.0 / (d.tpot_caps(12.0).standard / 0.6)
-    assert 500 < tokens < 600
+    after = d.tpot_needs(12.0).standard
+    assert before < after < before + 10 * 0.02 * (0.28 - before)
+
+
+def test_the_cap_is_a_share_of_the_slack_above_a_batch_of_one() -> None:
+    # Deadlines 2x the full-batch time on engines whose batch of one takes most of it (the
+    # peers' 16-slot fleet): a share of the need (0.4 x 0.16) sat under the floor (0.07).
+    assert math.isclose(decode_cap_s(0.16, 0.07, 0.4), 0.07 + 0.4 * 0.09)
+    assert decode_cap_s(0.05, 0.07, 0.4) == 0.07  # need under the floor: the floor
+    assert decode_cap_s(INF, 0.07, 0.4) == INF  # nothing to protect
+    assert decode_cap_s(0.16, 0.07, 5.0) == 0.16  # never above the need itself
+
+
+def _est(tpot_s: float, raw_tpot_s: float) -> LatencyEstimate:
+    return LatencyEstimate(0.1, tpot_s, 0.0, 0.1, 0.1, raw_tpot_s)
+
+
+def test_held_only_while_no_endpoint_is_within_its_cap() -> None:
+    prior = EndpointPrior(decode_base_s=0.07, decode_per_seq_s=0.0)
+    # calibrated 2x slower than its prior: floor 0.14, cap 0.14 + 0.4 x (0.3 - 0.14) = 0.204
+    slow = (_est(0.21, 0.105), prior)
+    ok = (_est(0.08, 0.08), prior)  # floor 0.07, cap 0.162
+    assert decode_held(0.3, 0.4, [slow])
+    assert not decode_held(0.3, 0.4, [slow, ok])
+    assert not decode_held(0.3, 0.4, [(_est(0.2, 0.1), prior)])  # 0.2 <= 0.204
+    assert not decode_held(0.3, 0.4, [])  # no endpoint takes work: nothing to protect here
+    assert not decode_held(INF, 0.4, [slow])
