@@ -155,10 +155,12 @@ class HeadroomConfig(_Frozen):
     demand_window_s: float = Field(default=30.0, gt=0)
     #: Cap as a share of the higher classes' TTFT budgets (2 s budgets: the caps above).
     budget_share: PerClass = PerClass(critical=float("inf"), standard=0.5, sheddable=0.25)
-    #: Decode protection: held while the pool's best predicted TPOT is over this share of
-    #: the TPOT the higher classes' deadlines need (``core.headroom``).
-    #: 0.6 / 0.4: in the simulator on bench/overload_live.py's fleet (70B on 4xH100 + 4xA100,
-    #: 300 s) critical chat went from 90% to 99% at 2x (no hold: 90%; 1.0 / 0.7: 95%).
+    #: Decode protection: held while no endpoint's predicted TPOT with one more call is
+    #: within its batch-of-one TPOT plus this share of the slack up to the TPOT the higher
+    #: classes' deadlines need (``core.headroom.decode_cap_s``). 0.6 / 0.4, simulator on
+    #: bench/overload_live.py's fleet (70B on 4xH100 + 4xA100, 300 s, bench/decode_hold_sim.py,
+    #: seed 0): critical chat 99.6% at 2x, 98.1% at 5x (as a share of the need itself: 97.9%,
+    #: 96.3%; no hold: 90% at 2x).
     tpot_share: PerClass = PerClass(critical=float("inf"), standard=0.6, sheddable=0.4)
 
     @model_validator(mode="after")
