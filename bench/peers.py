@@ -123,7 +123,7 @@ def run_cell(
     try:
         running = gw.start(spec, fleet.endpoints, workdir)
         try:
-            drain_s = 10.0 if args.quick else 20.0
+            drain_s = workload.drain_s or (10.0 if args.quick else 20.0)
             load = {
                 "url": running.url,
                 "api_key": running.api_key,
@@ -149,16 +149,17 @@ def run_cell(
         usd_h = sum(e["price_per_hour_usd"] for e in fleet.endpoints)
     finally:
         fleet.stop()
+    counted = sum(1 for t in workload.tasks if t.counted)
     info = RunInfo(
         spec.label,
         str(workload.name),
-        len(workload.tasks),
+        counted,
         workload.duration_s,
         usd_h,
         args.time_scale,
     )
     row = summarize(info, result, prefix)
-    outcomes = breakdown(result, len(workload.tasks))
+    outcomes = breakdown(result, counted)
     print(
         f"  {spec.label:<28} goodput {row.goodput_tasks_s:6.2f}/s  ok {row.calls_ok}/{row.calls}"
         f"  ttft p90 {row.ttft_p90_s}  hit {row.prefix_hit_rate}  {outcomes}",
@@ -166,6 +167,30 @@ def run_cell(
         flush=True,
     )
     return row, {**outcomes, **cpu_fields(result)}
+
+
+def offered_x(workload: wl.Workload, scale: wl.Scale) -> float:
+    """Output tokens asked for inside the window, at capacity pace, over capacity x window."""
+    asked = sum(wl.tokens_in_window(t, workload.duration_s) for t in workload.tasks)
+    return round(asked / (scale.capacity_tok_s * workload.duration_s), 3)
+
+
+def sizing_lines(workload: wl.Workload, scale: wl.Scale) -> list[str]:
+    """What the workload offered inside its window, and which tasks count."""
+    counted = sum(1 for t in workload.tasks if t.counted)
+    drain = workload.drain_s
+    out = [
+        f"Offered inside the window (at capacity pace): {offered_x(workload, scale):.2f}x "
+        f"the fleet's output tok/s; {counted} of {len(workload.tasks)} tasks counted"
+    ]
+    if counted < len(workload.tasks):
+        out[0] += (
+            " (the others could not end by the cut-off even at capacity pace: they run "
+            "for every gateway and score for none)"
+        )
+    if drain is not None:
+        out[0] += f"; cut-off {drain:g} s after the window"
+    return [out[0] + ".", ""]
 
 
 def cpu_fields(result: dict[str, Any]) -> dict[str, Any]:
@@ -324,7 +349,10 @@ def orchestrate(args: argparse.Namespace) -> None:
         doc["workloads"][str(kind)] = {
             "title": workload.title,
             "tasks": len(workload.tasks),
+            "tasks_counted": sum(1 for t in workload.tasks if t.counted),
             "calls": sum(len(t.calls) for t in workload.tasks),
+            "offered_in_window_x": offered_x(workload, scale),
+            "drain_s": workload.drain_s,
             "rows": [r.to_json() for r in rows],
             "outcomes": dict(outcomes),
         }
@@ -332,6 +360,7 @@ def orchestrate(args: argparse.Namespace) -> None:
             "",
             f"## {kind}: {workload.title} ({len(workload.tasks)} tasks, {workload.duration_s:g} s)",
             "",
+            *sizing_lines(workload, scale),
             *table(rows),
             "",
             *target_lines(str(kind), rows),

@@ -155,8 +155,8 @@ def _inferplane_cmd(
         cfg["routing"] = {"weights": {axis: float(value) for axis, value in pairs}}
     elif variant is not None and variant.startswith("cfg."):
         for item in variant.split("+"):
-            path, _, value = item.removeprefix("cfg.").partition("=")
-            set_config_leaf(cfg, path.split("."), float(value))
+            leaf, _, value = item.removeprefix("cfg.").partition("=")
+            set_config_leaf(cfg, leaf.split("."), float(value))
     elif variant is not None:
         knobs.append(variant)
     head = ["-m", "inferplane.cli"]

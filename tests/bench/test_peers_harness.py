@@ -37,9 +37,9 @@ def test_workloads_are_deterministic_and_seed_dependent(kind: wl.WorkloadKind) -
 def test_offered_load_scales_with_the_multiplier() -> None:
     big = wl.Scale(duration_s=100.0, capacity_tok_s=2000.0, time_scale=10.0)
     over = wl.build(wl.WorkloadKind.OVERLOAD, big, seed=1)  # 3x, chat only
-    cascade = wl.build(wl.WorkloadKind.CASCADE, big, seed=1)  # 0.7x, same chat mix
+    cascade = wl.build(wl.WorkloadKind.CASCADE, big, seed=1)  # CASCADE_LOAD, same chat mix
     ratio = wl.expected_output_tokens(over) / wl.expected_output_tokens(cascade)
-    assert ratio == pytest.approx(3.0 / 0.7, rel=0.12)
+    assert ratio == pytest.approx(3.0 / wl.CASCADE_LOAD, rel=0.12)
     offered_tok_s = wl.expected_output_tokens(over) / big.duration_s
     assert offered_tok_s == pytest.approx(3.0 * big.capacity_tok_s, rel=0.12)
 
@@ -56,6 +56,38 @@ def test_agentic_tasks_grow_context_with_pauses_and_priorities() -> None:
         deadlines = [c.deadline_s - 0.04 * 10 * c.max_tokens for c in task.calls]
         assert deadlines == sorted(deadlines), "the prompt part of the budget grows"
     assert {t.priority for t in chats} == {"critical", "standard", "sheddable"}
+
+
+PROBED = wl.Scale(40.0, 1666.0, 10.0, ttft_at_capacity_s=0.93, tbt_at_capacity_s=0.076)
+
+
+def test_agentic_offers_its_load_inside_the_window() -> None:
+    work = wl.build(wl.WorkloadKind.AGENTIC, PROBED, seed=0)
+    asked = sum(wl.tokens_in_window(t, PROBED.duration_s) for t in work.tasks)
+    assert asked / (PROBED.capacity_tok_s * PROBED.duration_s) == pytest.approx(1.5, rel=0.02)
+    # agents ask for more than that over their whole run: sizing by it offered less than 1x
+    assert wl.expected_output_tokens(work) > 1.3 * asked
+    assert work.drain_s == wl.agentic_drain_s(PROBED)
+
+
+def test_tasks_that_cannot_end_by_the_cut_off_are_not_counted() -> None:
+    work = wl.build(wl.WorkloadKind.AGENTIC, PROBED, seed=0)
+    cutoff_s = PROBED.duration_s + (work.drain_s or 0.0)
+    agents = [t for t in work.tasks if t.kind == "agent"]
+    for task in work.tasks:
+        end_s = task.start_s + sum(c.pause_s + c.deadline_s / wl.DEADLINE_SLACK for c in task.calls)
+        assert task.counted == (end_s <= cutoff_s)
+    assert all(t.counted for t in work.tasks if t.kind == "chat")  # chat ends in the drain
+    assert 0 < sum(t.counted for t in agents) < len(agents)
+    assert [t["counted"] for t in wl.to_json(work)["tasks"]] == [t.counted for t in work.tasks]
+
+
+def test_tokens_in_window_stop_at_the_window() -> None:
+    call = wl.Call((("user", "x"),), 10, 1.0, 4.0)  # 1 s pause + 2 s at capacity
+    task = wl.Task("t", "x", "agent", "standard", 0.0, (call, call, call))
+    assert wl.tokens_in_window(task, 100.0) == 30
+    assert wl.tokens_in_window(task, 4.5) == 20  # the third call would start at 7 s
+    assert wl.tokens_in_window(task, 0.5) == 0  # still in its first pause
 
 
 def test_deadlines_follow_the_time_scale() -> None:
