@@ -83,17 +83,29 @@ def _verdict(v: dict[str, Any], policy: str) -> str:
 
 
 def miss_causes(live: dict[str, Any]) -> str:
+    """Per policy but FCFS: causes of its critical misses, and each miss's first attempt
+    (endpoint, answer length asked, tokens received, client-seen TPOT)."""
     lines = []
     for load, runs in _ordered(live)["runs"].items():
         for policy, s in runs.items():
             if policy == "fcfs":
                 continue
-            causes = Counter(m["cause"] for m in s.get("critical_misses", []))
-            where = Counter(m["attempts"][-1]["endpoint"] for m in s.get("critical_misses", [])
-                            if m["attempts"])  # fmt: skip
-            lines.append(f"- {load} {policy}: {dict(causes) or 'none'}; last endpoint "
-                         f"{dict(where) or '-'}; split {s.get('critical_split', {})}")  # fmt: skip
+            misses = s.get("critical_misses", [])
+            causes = Counter(m["cause"] for m in misses)
+            firsts = [_first(m) for m in misses if m["attempts"]]
+            if len(firsts) > 10:  # many: where they went
+                ends = Counter(m["attempts"][0]["endpoint"] for m in misses if m["attempts"])
+                firsts = [f"{n} on {ep}" for ep, n in sorted(ends.items())]
+            lines.append(f"- {load} {policy}: {dict(causes) or 'none'}; first tries: "
+                         f"{', '.join(firsts) or '-'}")  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def _first(miss: dict[str, Any]) -> str:
+    a = miss["attempts"][0]
+    tokens = f"{a['tokens']}/{miss['max_tokens']} tok" if "tokens" in a else "?"
+    tpot = f" at {1000 * a['tpot_s']:.0f} ms/tok" if a.get("tpot_s") else ""
+    return f"{a['endpoint']} t={miss['arrival_s']:.0f}s {tokens}{tpot}"
 
 
 def setting(live: dict[str, Any]) -> str:
