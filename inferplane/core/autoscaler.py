@@ -264,17 +264,7 @@ def _decide_pool(
     need = demand / policy.target_utilisation + signal.backlog_tokens / policy.backlog_drain_s
     capacity = _capacity(policy, current)
     reasons = [f"demand {demand:.0f} tok/s (horizon {horizon_s:.0f} s)"]
-    reserve = _observe_reserve(policy, signal, memory)
-    alpha = 1.0 - math.exp(-signal.window_s / policy.reserve_baseline_s)
-    slow = replace(memory.slow, alpha=alpha, beta=alpha / 4).update(signal.tokens_per_s, now)
-    # The reserve scales the demand a burst would rise from: the slow baseline (noise does
-    # not move it), but never above the forecast (a burst just over does not inflate it).
-    base = min(
-        slow.peak_tokens_per_s(now, now + horizon_s),
-        forecast.peak_tokens_per_s(now, now + horizon_s),
-    )
-    prior, memory_s = policy.burst_prior, policy.memory_s
-    spare = reserve.reserve_tokens_per_s(base, now, prior=prior, memory_s=memory_s)
+    reserve, slow, base, spare = _reserve(policy, signal, memory, forecast, horizon_s)
     if spare / policy.reserve_utilisation > need:
         need = spare / policy.reserve_utilisation
         reasons.append(f"burst reserve {spare:.0f} tok/s (x{spare / max(base, 1e-9):.1f})")
@@ -306,6 +296,40 @@ def _decide_pool(
     )
     rates = (*memory.rates, (now, signal.tokens_per_s))[-policy.surge_windows :]
     return decision, _PoolMemory(holt, needs[-256:], last_up, rates, reserve, slow)
+
+
+#: The reserve's slow baseline takes a window's rate at most this many times its own
+#: expectation: a burst must not inflate the demand the next burst is sized from (a lasting
+#: rise still comes through, about 4% a 5 s window at the 60 s time constant).
+BASELINE_CLIP = 1.5
+
+
+def _reserve(
+    policy: PoolPolicy,
+    signal: PoolSignal,
+    memory: _PoolMemory,
+    forecast: Forecast,
+    horizon_s: float,
+) -> tuple[BurstReserve, HoltForecast, float, float]:
+    """The reserve after this window, its slow baseline, the demand it scales (the slow
+    baseline, never above the forecast) and the spare demand (tokens/s) it should carry."""
+    now = signal.now_s
+    reserve = _observe_reserve(policy, signal, memory)
+    alpha = 1.0 - math.exp(-signal.window_s / policy.reserve_baseline_s)
+    old = memory.slow
+    rate = signal.tokens_per_s
+    if old.at_s is not None:
+        rate = min(rate, BASELINE_CLIP * max(old.level, old.predict(now)))
+    slow = replace(old, alpha=alpha, beta=alpha / 4).update(rate, now)
+    ahead = now + horizon_s
+    base = min(slow.peak_tokens_per_s(now, ahead), forecast.peak_tokens_per_s(now, ahead))
+    prior, memory_s = policy.burst_prior, policy.memory_s
+    return (
+        reserve,
+        slow,
+        base,
+        reserve.reserve_tokens_per_s(base, now, prior=prior, memory_s=memory_s),
+    )
 
 
 def _observe_reserve(policy: PoolPolicy, signal: PoolSignal, memory: _PoolMemory) -> BurstReserve:

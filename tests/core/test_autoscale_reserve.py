@@ -202,3 +202,18 @@ def test_reserve_settings_are_validated() -> None:
         with pytest.raises(ValueError):
             _policy(**bad)
     assert math.isclose(_policy().reserve_utilisation, 1.0)
+
+
+def test_a_burst_does_not_inflate_the_demand_the_reserve_multiplies() -> None:
+    # 4 calls/s, then 5x for 60 s, then back; prior 5: the reserve covers 5x the demand a
+    # burst rises from, not 5x the burst (that would ask for 25x the steady load).
+    rates = [4.0] * 30 + [20.0] * 12 + [4.0] * 30
+    tuned = _Loop(_policy(burst_prior=5.0), seed=0).run(rates, exact=True)
+    plain = _Loop(_policy(burst_max_factor=1.0), seed=0).run(rates, exact=True)
+    steady = 4.0 * TOKENS_PER_CALL
+    for d, p in zip(tuned, plain, strict=True):
+        # The slow baseline, its input clipped, stays under 2x the steady load over a 60 s
+        # burst (its trend over the horizon included).
+        assert d.need_tokens_per_s <= max(p.need_tokens_per_s, 5.0 * 2.0 * steady) + 1.0, d
+    # Before the burst the reserve was warm for it (5x at full utilisation).
+    assert tuned[29].desired_total * H100.tokens_per_s >= 5.0 * steady
