@@ -84,6 +84,9 @@ def table(workload: str, results: dict[str, dict[str, Any]], args: argparse.Name
                 f"  {policy}: errors {r['error_kinds']}; retried refusals {r['rejected_429']},"
                 f" calls that succeeded on a retry {r['retried_ok']}"
             )
+        routed = _routed(r.get("gateway_prefix") or {})
+        if routed:
+            lines.append(f"  {policy}: keyed calls vs the best prefix holder: {routed}")
         if r.get("endpoint_state_changes"):
             lines.append(f"  {policy}: endpoint state changes {r['endpoint_state_changes']}")
         if "sessions" in r:
@@ -92,6 +95,18 @@ def table(workload: str, results: dict[str, dict[str, Any]], args: argparse.Name
                 f" step {r['sessions_failed_at_step']}"
             )
     return lines + verdicts(results)
+
+
+def _routed(prefix: dict[str, Any]) -> str:
+    """The gateway's ``routed_*`` counters (/v1/stats), and what it predicted cached."""
+    counts = {k.removeprefix("routed_"): v for k, v in prefix.items() if k.startswith("routed_")}
+    if not counts:
+        return ""
+    text = ", ".join(f"{k} {v}" for k, v in counts.items())
+    predicted, prompt = prefix.get("predicted_cached_tokens"), prefix.get("reported_prompt_tokens")
+    if predicted is not None and prompt:
+        text += f"; index predicted {predicted / prompt:.1%} of prompt tokens cached"
+    return text
 
 
 def _max_over_mean(values: list[int]) -> float:
