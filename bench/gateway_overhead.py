@@ -379,8 +379,9 @@ def report(rounds: list[dict[str, Any]], asyncio_round: dict[str, Any],
         f"errors: {s['errors']:.0f}",
     ]
     print("\n".join(lines))
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"summary": s, "asyncio_loop": a, "rounds": rounds,
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"summary": s, "asyncio_loop": a, "rounds": rounds,
                                    "asyncio_round": asyncio_round, "table": lines},
                                   indent=2))  # fmt: skip
 
@@ -423,6 +424,7 @@ def main() -> None:
     p.add_argument("--duration-s", type=float, default=4.0)
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--baseline-src", default=None, help="source tree of a gateway to compare")
+    p.add_argument("--out", default=str(RESULTS), help="where the JSON results go")
     args = p.parse_args()
     if args.role == "backend":
         run_backend(args.port)

@@ -21,6 +21,12 @@ dispatch is a ratio; a per-endpoint factor follows those ratios as an EWMA in lo
 ratio clipped to within ``clip_ratio`` of the current factor (so one outlier moves it by a
 bounded step), and decays toward 1 (the prior) with a half-life when unobserved. Pure: no
 clock; ``now`` is passed in.
+
+Memo: one call is predicted on the same endpoint by routing and again at dispatch (and by
+admission), with nothing changed in between. ``predict`` keeps its answers for the exact
+view object (views are frozen), model, token count and ``now`` until the next observation
+or prior changes what it knows, so asking twice costs one prediction and the answer is the
+very same estimate a fresh prediction would give.
 """
 
 from __future__ import annotations
@@ -33,6 +39,10 @@ from inferplane.core.types import EndpointView
 
 _INITIAL_MEAN_UNCACHED_TOKENS = 512.0
 _MAX_RESOLVED = 10_000
+_MAX_MEMO = 4096  # predictions kept between two observations
+
+#: A memoised prediction's key: (id of the view, model, uncached tokens, now).
+_MemoKey = tuple[int, str, int, float]
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +108,9 @@ class LatencyPredictor:
         self._queued_tokens: dict[str, int] = {}
         self._queued_calls: dict[str, int] = {}
         self._mean_uncached = _INITIAL_MEAN_UNCACHED_TOKENS
+        # Predictions since the last change of state; the view is kept with its estimate,
+        # so its id cannot be reused by another view while the entry lives.
+        self._memo: dict[_MemoKey, tuple[EndpointView, LatencyEstimate]] = {}
 
     # -- priors and factors ---------------------------------------------------------------
 
@@ -105,6 +118,7 @@ class LatencyPredictor:
         """Override the configured prior of one endpoint (e.g. built from its profile)."""
         self._priors[endpoint] = prior
         self._resolved.clear()
+        self._memo.clear()
 
     def prior(self, view: EndpointView, model: str) -> EndpointPrior:
         """The endpoint's own prior, else ``model@gpu``, else ``gpu``, else the default."""
@@ -142,6 +156,20 @@ class LatencyPredictor:
         self, view: EndpointView, model: str, num_uncached_tokens: int, now: float
     ) -> LatencyEstimate:
         """TTFT and TPOT of a call with ``num_uncached_tokens`` to prefill, sent now."""
+        memo = self._memo
+        key = (id(view), model, num_uncached_tokens, now)
+        found = memo.get(key)
+        if found is not None and found[0] is view:
+            return found[1]
+        estimate = self._predict(view, model, num_uncached_tokens, now)
+        if len(memo) >= _MAX_MEMO:
+            memo.clear()
+        memo[key] = (view, estimate)
+        return estimate
+
+    def _predict(
+        self, view: EndpointView, model: str, num_uncached_tokens: int, now: float
+    ) -> LatencyEstimate:
         prior = self.prior(view, model)
         load = view.load
         outstanding = max(load.num_running + load.num_waiting, view.in_flight)
@@ -200,6 +228,7 @@ class LatencyPredictor:
         self, request_id: str, endpoint: str, num_uncached_tokens: int, estimate: LatencyEstimate
     ) -> None:
         """A call was sent: its prefill is queued work until its first token."""
+        self._memo.clear()
         self._drop(request_id)
         while len(self._pending) >= self.config.max_pending:
             self._drop(next(iter(self._pending)))
@@ -216,6 +245,7 @@ class LatencyPredictor:
         pending = self._pending.get(request_id)
         if pending is None or pending.started:
             return
+        self._memo.clear()
         self._unqueue(pending)
         pending.started = True
         if pending.raw_ttft_s > 0:
@@ -227,6 +257,7 @@ class LatencyPredictor:
         pending = self._pending.get(request_id)
         if pending is None:
             return
+        self._memo.clear()
         self._drop(request_id)
         if tpot_s is not None and pending.raw_tpot_s > 0:
             ratio = tpot_s / pending.raw_tpot_s

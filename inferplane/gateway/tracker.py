@@ -20,6 +20,12 @@ taken, reads EJECTED, so routing skips it. The proxy reports each attempt's TTFT
 
 Load older than ``stale_after_s`` is not trusted: the view then carries zero engine counts
 (its ``observed_at_s`` still shows the age) so routing falls back to in-flight counts.
+
+Views are built once and reused until something they show changes: every change of an
+in-flight count, a scrape, a state, or the moment the oldest fresh load turns stale ends
+them (a version number counts the changes). One call reads the views several times with
+nothing changed in between (admission, routing, dispatch, the breaker's check), so it
+builds them once; and the same view objects let the predictor reuse its predictions.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import statistics
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -68,6 +75,19 @@ class _Tracked:
     ttfts_s: deque[float] = field(default_factory=lambda: deque(maxlen=_RECENT_TTFTS))
 
 
+@dataclass(slots=True)
+class _ViewCache:
+    """Views built at ``built_s`` for tracker version ``version`` (module docstring)."""
+
+    version: int = -1
+    built_s: float = math.inf  # a fresh cache answers no time at all
+    #: When the oldest load still fresh at build time was observed (None: none was).
+    oldest_fresh_s: float | None = None
+    by_name: dict[str, EndpointView] = field(default_factory=dict)
+    #: model (None: every endpoint) -> its endpoints' views, built on first ask
+    pools: dict[str | None, list[EndpointView]] = field(default_factory=dict)
+
+
 class EndpointTracker:
     """Owns every endpoint's state, load and in-flight count; builds views for routing."""
 
@@ -81,6 +101,7 @@ class EndpointTracker:
         self._cfg = gateway
         self._clock = clock
         self._listener = listener
+        self._version = 0  # counts every change a view shows
         now = clock()
         self._eps: dict[str, _Tracked] = {}
         for ep in endpoints:
@@ -94,6 +115,7 @@ class EndpointTracker:
         self._tasks: list[asyncio.Task[None]] = []
         self._session: aiohttp.ClientSession | None = None
         self._reliability: Reliability | None = None
+        self._cache = _ViewCache()
 
     def attach_reliability(self, reliability: Reliability) -> None:
         """Overlay the breakers of ``reliability`` on every view from now on."""
@@ -134,35 +156,57 @@ class EndpointTracker:
 
     def views(self, now: float, model: str | None = None) -> list[EndpointView]:
         """Snapshots of the endpoints (only those serving ``model`` when given)."""
-        out = []
-        stale_after = self._cfg.stale_after_s
-        for t in self._eps.values():
-            if model is not None and model not in t.info.models:
-                continue
-            load = t.load
-            if load.observed_at_s is not None and now - load.observed_at_s > stale_after:
-                load = EndpointLoad(observed_at_s=load.observed_at_s)
-            out.append(EndpointView(t.info, t.state, load, t.in_flight, t.state_since_s))
+        cache = self._current(now)
+        pool = cache.pools.get(model)
+        if pool is None:
+            pool = cache.pools[model] = [
+                v for v in cache.by_name.values() if model is None or model in v.info.models
+            ]
         rel = self._reliability
         if rel is not None and rel.config.breaker.enabled:
             rel.maybe_sweep(now)
-            return rel.board.overlay(out)
-        return out
+            return rel.board.overlay(pool)
+        return list(pool)
 
     def view(self, name: str, now: float) -> EndpointView:
-        """One endpoint's snapshot (as in :meth:`views`)."""
-        t = self._eps[name]
-        load = t.load
-        if load.observed_at_s is not None and now - load.observed_at_s > self._cfg.stale_after_s:
-            load = EndpointLoad(observed_at_s=load.observed_at_s)
-        return EndpointView(t.info, t.state, load, t.in_flight, t.state_since_s)
+        """One endpoint's snapshot (as in :meth:`views`, without the breaker overlay)."""
+        return self._current(now).by_name[name]
+
+    def _current(self, now: float) -> _ViewCache:
+        """The cached views, rebuilt when something they show changed since."""
+        cache = self._cache
+        oldest = cache.oldest_fresh_s
+        if (
+            cache.version != self._version
+            or not now >= cache.built_s
+            or (oldest is not None and now - oldest > self._cfg.stale_after_s)
+        ):
+            cache = self._cache = self._build(now)
+        return cache
+
+    def _build(self, now: float) -> _ViewCache:
+        stale_after = self._cfg.stale_after_s
+        cache = _ViewCache(self._version, now)
+        for t in self._eps.values():
+            load = t.load
+            seen_s = load.observed_at_s
+            if seen_s is not None:
+                if now - seen_s > stale_after:
+                    load = EndpointLoad(observed_at_s=seen_s)
+                elif cache.oldest_fresh_s is None or seen_s < cache.oldest_fresh_s:
+                    cache.oldest_fresh_s = seen_s
+            view = EndpointView(t.info, t.state, load, t.in_flight, t.state_since_s)
+            cache.by_name[t.info.name] = view
+        return cache
 
     def acquire(self, name: str) -> None:
         self._eps[name].in_flight += 1
+        self._version += 1
 
     def release(self, name: str) -> None:
         tracked = self._eps[name]
         tracked.in_flight = max(0, tracked.in_flight - 1)
+        self._version += 1
 
     def record_ttft(self, name: str, ttft_s: float) -> None:
         """An attempt on ``name`` produced its first token after ``ttft_s``."""
@@ -224,6 +268,7 @@ class EndpointTracker:
         )
         t.state = state
         t.state_since_s = now
+        self._version += 1
         if self._listener is not None:
             self._listener(t.info.name, state, now)
 
@@ -285,4 +330,5 @@ class EndpointTracker:
             kv_usage=old.kv_usage if sample.kv_usage is None else sample.kv_usage,
             observed_at_s=self._clock(),
         )
+        self._version += 1
         t.scrapes_ok += 1
