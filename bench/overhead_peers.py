@@ -1,11 +1,12 @@
 """What each gateway costs on a trivial backend: inferplane, sglang-router, vllm-router, LiteLLM.
 
-    python bench/overhead_peers.py [--quick] [--gateways inferplane,sglang-router,...]
+    python bench/overhead_peers.py [--quick] [--gateways inferplane,sglang-router,...] [--out F]
 
 Requests/s and added latency p50/p99 (at saturation, 64 concurrent), direct and through
 each gateway, streaming and not, with the scoreboard's load generator; peers from their
 cache virtualenvs (installed on first use). ``bench/peers.py`` runs the same section at
-the end of the scoreboard; this runs it alone. Writes bench/results/overhead-peers.json.
+the end of the scoreboard; this runs it alone. Writes bench/results/overhead-peers.json
+(or ``--out``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--quick", action="store_true")
     p.add_argument("--gateways", default="inferplane,sglang-router,vllm-router,litellm")
+    p.add_argument("--out", default=str(RESULTS), help="where the JSON results go")
     args = p.parse_args()
     specs = [gw.parse_spec(s) for s in args.gateways.split(",") if s]
     not_run: dict[str, str] = {}
@@ -39,7 +41,8 @@ def main() -> None:
     rows = measure_overhead(args, specs, not_run, Path(tempfile.mkdtemp(prefix="overhead-")))
     lines = overhead_lines(rows) + [f"- {k}: not run: {v}" for k, v in sorted(not_run.items())]
     print("\n".join(lines))
-    RESULTS.write_text(json.dumps({"rows": rows, "not_run": not_run, "table": lines}, indent=1))
+    out = {"rows": rows, "not_run": not_run, "table": lines}
+    Path(args.out).write_text(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":
