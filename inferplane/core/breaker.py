@@ -169,6 +169,11 @@ class BreakerBoard:
             out.append(view)
         return out
 
+    def blocks(self, endpoint: str) -> bool:
+        """Whether ``overlay`` would mark ``endpoint`` EJECTED when its view takes work."""
+        b = self._breakers.get(endpoint)
+        return b is not None and not self._admits(b)
+
     def _admits(self, b: _Breaker) -> bool:
         if b.state is BreakerState.OPEN:
             return False

@@ -144,8 +144,11 @@ class Reliability:
         """Whether the breaker lets an attempt go to ``endpoint`` now."""
         if not self.config.breaker.enabled:
             return True
-        view = self._tracker.view(endpoint, self._clock())
-        return self.board.overlay([view])[0].state is not EndpointState.EJECTED
+        # What ``board.overlay`` would make of the endpoint's view, without building it.
+        state = self._tracker.state(endpoint)
+        if state is EndpointState.EJECTED:
+            return False
+        return not (state.accepts_work and self.board.blocks(endpoint))
 
     def predict(
         self,
