@@ -299,8 +299,9 @@ def _decide_pool(
 
 
 #: The reserve's slow baseline takes a window's rate at most this many times its own
-#: expectation: a burst must not inflate the demand the next burst is sized from (a lasting
-#: rise still comes through, about 4% a 5 s window at the 60 s time constant).
+#: expectation: a burst must not inflate the demand the next burst is sized from. A lasting
+#: rise still comes through, about 4% a 5 s window at the 60 s time constant (so a pool that
+#: starts idle builds its baseline over minutes; its first window is taken as it is).
 BASELINE_CLIP = 1.5
 
 
@@ -318,8 +319,13 @@ def _reserve(
     alpha = 1.0 - math.exp(-signal.window_s / policy.reserve_baseline_s)
     old = memory.slow
     rate = signal.tokens_per_s
-    if old.at_s is not None:
-        rate = min(rate, BASELINE_CLIP * max(old.level, old.predict(now)))
+    if old.at_s is not None and signal.requests > 0:
+        per_call_s = signal.tokens / signal.requests / signal.window_s  # one call's tok/s
+        expected = max(old.level, old.predict(now)) / per_call_s  # calls in the window
+        # At most BASELINE_CLIP x the calls expected, or their Poisson noise (2 sigmas up;
+        # a baseline near 0 must still be able to grow).
+        most = max(BASELINE_CLIP * expected, (math.sqrt(expected) + 1.0) ** 2)
+        rate = min(rate, most * per_call_s)
     slow = replace(old, alpha=alpha, beta=alpha / 4).update(rate, now)
     ahead = now + horizon_s
     base = min(slow.peak_tokens_per_s(now, ahead), forecast.peak_tokens_per_s(now, ahead))
