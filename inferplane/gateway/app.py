@@ -281,12 +281,14 @@ class Gateway:
     ) -> web.StreamResponse:
         router, key = self.router, str(next(self._call_ids))
         sent_at: list[float] = [ctx.arrival_s]
-        ex = Exchange(on_first_token=lambda t: router.on_first_token(key, t - sent_at[0], t))
         capture = self.cache.capture(found) if ctx.stream else None
-        ex.tap = capture.feed if capture is not None else None
-        ex.extra_headers.update(found.headers())
-        ex.model_of = {name: c.model for name, c in calls.items()}
-        ex.primary_model = self.targets[ctx.model][0]
+        ex = Exchange(
+            on_first_token=lambda t: router.on_first_token(key, t - sent_at[0], t),
+            tap=capture.feed if capture is not None else None,
+            extra_headers=found.headers(),
+            model_of={name: c.model for name, c in calls.items()},
+            primary_model=self.targets[ctx.model][0],
+        )
         cost: list[float] = []
 
         def finish(done: Exchange) -> float:
