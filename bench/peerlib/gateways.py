@@ -68,16 +68,15 @@ class GatewaySpec:
 
 
 #: Named diagnostic variants of inferplane (``--gateways inferplane:fit16``).
-#: fit16: admission headroom fitted to 16-slot engines and 2x deadlines: 3 of 16 slots kept
-#: for critical (slot_share 0.2/0.25, as bench/cascade.py's ``--admission inferplane``; the
-#: defaults 0.8/0.85 were measured on vLLM's 256 slots) and decode protection holding a
-#: lower class only while the pool's TPOT is over what critical deadlines need (tpot_share
-#: 1.0; the defaults 0.6/0.4 hold whenever TPOT is over 60%/40% of it, which a batch of one
-#: already is when deadlines are 2x the full-batch time).
+#: fit16: the slot hold fitted to 16-slot engines: 3 of 16 slots kept for critical
+#: (slot_share 0.2/0.25, as bench/cascade.py's ``--admission inferplane``; the defaults
+#: 0.8/0.85 were measured on vLLM's 256 slots, and leave a lower class 4 of 16 slots per
+#: engine while critical calls are around). Decode protection as the defaults (its former
+#: 0.6/0.4 of the need held lower classes at any load here; the rule is now a share of the
+#: slack above a batch of one, core.headroom).
 _HEADROOM = "cfg.admission.headroom"
 VARIANTS = {
-    "fit16": f"{_HEADROOM}.slot_share.standard=0.2+{_HEADROOM}.slot_share.sheddable=0.25"
-    f"+{_HEADROOM}.tpot_share.standard=1.0+{_HEADROOM}.tpot_share.sheddable=1.0",
+    "fit16": f"{_HEADROOM}.slot_share.standard=0.2+{_HEADROOM}.slot_share.sheddable=0.25",
 }
 
 

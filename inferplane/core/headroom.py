@@ -15,8 +15,8 @@ the demand actually seen:
   so an engine kept busy prefilling lower-class work decodes a critical answer of a few
   hundred tokens past a 30 s deadline, however short its queue. A higher-class call with
   a deadline needs a time per output token of (deadline - TTFT budget) / output tokens;
-  the class's need is a low estimate of those (the tightest calls: it drops halfway to a
-  lower need and rises by 2% of the gap per looser one). A lower class is held while no
+  the class's need is a low estimate of those (the tightest calls: in decode rate, it
+  moves halfway toward a tighter call and by 2% toward a looser one). A lower class is held while no
   endpoint's predicted TPOT with one more call (calibrated on observed TPOT, so it
   includes that interference) is within its cap: the TPOT of a batch of one (the floor
   no hold can go under) plus ``tpot_share`` of the slack between that floor and the
@@ -63,9 +63,14 @@ def _ewma(old: float | None, value: float) -> float:
 
 
 def _low(old: float | None, value: float) -> float:
+    """The need's low estimate: moved in decode rate (1 / need), halfway toward a tighter
+    call's and 2% toward a looser one's (a jump from 100 to 1100 tokens in the same time
+    meets halfway at 600 tokens' rate, not at a halfway need, which stays 2.5x looser)."""
     if old is None:
         return value
-    return old + (_QUICK if value < old else _SLOW) * (value - old)
+    rate, new_rate = 1.0 / old, 1.0 / value
+    rate += (_QUICK if new_rate > rate else _SLOW) * (new_rate - rate)
+    return 1.0 / rate
 
 
 def decode_cap_s(need_s: float, floor_s: float, share: float) -> float:
