@@ -301,7 +301,7 @@ async def main_async(args: argparse.Namespace) -> None:
     the tag: arms too long for one run may run in separate invocations."""
     RESULTS.mkdir(exist_ok=True)
     stem = "autoscale-emulated" + (f"-{args.tag}" if args.tag else "")
-    for arm in args.arms.split(","):
+    for arm in [a for a in args.arms.split(",") if a and a != "none"]:
         load_before = os.getloadavg()
         if arm == "peak":
             ip_path = RESULTS / f"{stem}-inferplane.json"
@@ -357,14 +357,15 @@ def main() -> None:
     parser.add_argument(
         "--arms",
         default="inferplane,peak",
-        help="comma-separated arms to run now: inferplane, peak, queue-hpa",
+        help="comma-separated arms to run now: inferplane, peak, queue-hpa (none: report only)",
     )
     parser.add_argument("--tag", default="", help="suffix of the result files' names")
     parser.add_argument(
         "--burst-prior",
         type=float,
-        default=1.0,
-        help="burst factor the reserve covers before one is seen (1: none)",
+        default=8.0,
+        help="burst factor (in work) the reserve covers before one is seen (1: none); a 5x "
+        "burst of agentic task arrivals is more in work (tasks pile up; their contexts grow)",
     )
     parser.add_argument(
         "--burst-memory-s",
