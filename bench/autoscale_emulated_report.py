@@ -70,7 +70,7 @@ def verdicts(by: dict[str, dict[str, Any]]) -> list[str]:
         gap = 100 * ((peak["slo_attainment"] or 0) - (ip["slo_attainment"] or 0))
         ratio = ip["gpu_hours"] / peak["gpu_hours"]
         out.append(f"{'PASS' if gap <= 1 and ratio <= 0.6 else 'MISS'}: attainment {gap:+.2f} "
-                   f"points below peak (<= 1) at {ratio:.2f}x its GPU-hours (<= 0.6)")  # fmt: skip
+                   f"points below peak (<= 1) at {ratio:.3f}x its GPU-hours (<= 0.6)")  # fmt: skip
     if ip and hpa:
         a, b = ip["slo_attainment"] or 0, hpa["slo_attainment"] or 0
         ca, cb = ip["cost_per_successful_task_usd"], hpa["cost_per_successful_task_usd"]
