@@ -238,8 +238,10 @@ def _claim_costs(
 ) -> dict[str, float]:
     """A new session's KV placement cost per candidate, in blocks (``RoutingConfig``'s
     ``claim_*`` knobs): the blocks of the prompt it lacks, which a shared prefix copied to
-    one more engine keeps claiming there, and the overflow of the claim past the fill
-    target of its capacity. Empty for any other call."""
+    one more engine keeps claiming there, the claim itself (1 / ``claim_uncached_weight``
+    per block, so below the fill target the two trade as without a capacity) and the
+    overflow of the claim past the fill target of its capacity. Empty for any other
+    call."""
     keys = call.prompt_block_keys
     if call.workflow_id is None or affinity_endpoint is not None or not keys:
         return {}
@@ -249,6 +251,7 @@ def _claim_costs(
     capacities = prefix_index.kv_capacities(cached)
     size, num_blocks, fill = cfg.block_size, len(keys), cfg.claim_fill_target
     over_w, lack_w = cfg.claim_overflow_weight, cfg.claim_uncached_weight
+    claim_w = 1.0 / lack_w if lack_w > 0 else 0.0
     costs: dict[str, float] = {}
     for name, tokens in cached.items():
         lacks = max(0, num_blocks - tokens // size)
@@ -257,7 +260,8 @@ def _claim_costs(
         if capacity is None:
             costs[name] = claim + lack_w * lacks
         else:
-            costs[name] = lacks + over_w * max(0.0, claim + lacks - fill * capacity)
+            over = max(0.0, claim + lacks - fill * capacity)
+            costs[name] = lacks + claim_w * claim + over_w * over
     return costs
 
 

@@ -86,12 +86,11 @@ class RoutingConfig(_Frozen):
     affinity_reuse_fraction: float = Field(default=0.8, ge=0, le=1)
     affinity_ttl_s: float = Field(default=300.0, gt=0)
     max_affinities: int = Field(default=100_000, ge=1)
-    #: A new session's KV placement cost on an endpoint, in blocks. Where its KV capacity
-    #: is known: the prompt blocks it lacks (copied there) plus ``claim_overflow_weight``
-    #: x how far its sessions' claim with them would pass ``claim_fill_target`` of the
-    #: capacity (sessions spread before engines fill, and join a shared prefix's holder
-    #: while it has room). Capacity unknown: the claim plus ``claim_uncached_weight`` x
-    #: the blocks it lacks.
+    #: A new session's KV placement cost on an endpoint, in blocks: the claim of its
+    #: recent sessions plus ``claim_uncached_weight`` x the prompt blocks it lacks (a
+    #: shared prefix copied there), in units of lacking blocks where its KV capacity is
+    #: known, plus ``claim_overflow_weight`` x how far the claim with them would pass
+    #: ``claim_fill_target`` of the capacity (sessions spread before engines fill).
     claim_fill_target: float = Field(default=0.6, gt=0, le=1)
     claim_overflow_weight: float = Field(default=4.0, ge=0)
     claim_uncached_weight: float = Field(default=4.0, ge=0)

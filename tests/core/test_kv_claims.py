@@ -163,7 +163,8 @@ def test_capacity_is_known_once_the_engine_has_evicted_and_is_its_peak() -> None
 def test_with_capacity_a_new_session_joins_its_prefix_until_the_holder_would_overfill() -> None:
     """Capacity 500 blocks, fill target 60% (300): the holder of the session's system
     prompt (80 of its 100 blocks) takes it while its claim plus the 20 blocks it lacks
-    stays under 300; past that, each block over costs 4, and the emptier engine wins."""
+    stays under 300 (its claim weighs 1/4 a lacking block); past that, each block over
+    costs 4, and the emptier engine wins."""
     views = [view("holder"), view("empty")]
     first = call(prompt=1600, keys=KEYS, workflow_id="w")
     room = ClaimingMatcher({"holder": 80}, {"holder": 270.0, "empty": 0.0}, capacity=500)
@@ -174,4 +175,4 @@ def test_with_capacity_a_new_session_joins_its_prefix_until_the_holder_would_ove
     assert decision.primary == "empty"
     holder = next(r for r in decision.ranked if r.name == "holder")
     reason = {a.axis: a.reason for a in holder.axes}["kv_claim"]
-    assert "cost 180 blocks" in reason  # 20 lacking + 4 x (320 + 20 - 300)
+    assert "cost 260 blocks" in reason  # 20 lacking + 320 / 4 + 4 x (320 + 20 - 300)
