@@ -51,6 +51,7 @@ import random
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -387,6 +388,7 @@ def main() -> int:
 
 
 def _run(policy: str, load_x: float, args: argparse.Namespace) -> dict[str, Any]:
+    factory: Callable[[], asyncio.AbstractEventLoop]
     try:
         import uvloop
 
