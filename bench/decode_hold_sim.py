@@ -31,21 +31,32 @@ from inferplane.sim.calibrated import CalibratedSimulation
 from inferplane.sim.scenario import Scenario
 
 
-def with_share(sc: Scenario, tpot_share: str) -> Scenario:
-    """``sc`` with ``tpot_share`` ("standard,sheddable") in its admission config ("": as is)."""
-    if not tpot_share:
+def with_share(sc: Scenario, tpot_share: str, slot_share: str = "") -> Scenario:
+    """``sc`` with ``tpot_share`` / ``slot_share`` ("standard,sheddable") in its admission
+    config ("": as is)."""
+    update: dict[str, PerClass] = {}
+    for name, text in (("tpot_share", tpot_share), ("slot_share", slot_share)):
+        if text:
+            std, shed = (float(x) for x in text.split(","))
+            top = math.inf if name == "tpot_share" else 0.0
+            update[name] = PerClass(critical=top, standard=std, sheddable=shed)
+    if not update:
         return sc
-    std, shed = (float(x) for x in tpot_share.split(","))
-    share = PerClass(critical=math.inf, standard=std, sheddable=shed)
-    head = sc.admission.headroom.model_copy(update={"tpot_share": share})
+    head = sc.admission.headroom.model_copy(update=update)
     return sc.model_copy(update={"admission": sc.admission.model_copy(update={"headroom": head})})
 
 
 def run(
-    users_x: float, policy: str, duration_s: float, seed: int, tpot_share: str = ""
+    users_x: float,
+    policy: str,
+    duration_s: float,
+    seed: int,
+    tpot_share: str = "",
+    slot_share: str = "",
 ) -> dict[str, Any]:
     """One (load, policy) run of the live fleet's scenario in the simulator."""
-    sc = with_share(overload.scenario(users_x, duration_s, seed, live.MIX), tpot_share)
+    sc = overload.scenario(users_x, duration_s, seed, live.MIX)
+    sc = with_share(sc, tpot_share, slot_share)
     start = time.perf_counter()
     result = CalibratedSimulation(sc, live.fleet_config(), Path("."), policy).run()
     gpu_h = len(live.GPUS) * live.TP * (sc.duration_s + sc.drain_s) / 3600
@@ -63,13 +74,22 @@ def main() -> int:
     p.add_argument("--fcfs", action="store_true", help="also run FCFS (the baseline)")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--tpot-share", default="", help="standard,sheddable (default: the config's)")
+    p.add_argument("--slot-share", default="", help="standard,sheddable (default: the config's)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     policies = ["inferplane"] + (["fcfs"] if args.fcfs else [])
     jobs = [(float(x), pol) for x in args.loads.split(",") for pol in policies]
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
         futures = [
-            pool.submit(run, live.BASE * x, pol, args.duration_s, args.seed, args.tpot_share)
+            pool.submit(
+                run,
+                live.BASE * x,
+                pol,
+                args.duration_s,
+                args.seed,
+                args.tpot_share,
+                args.slot_share,
+            )
             for x, pol in jobs
         ]
         results = [f.result() for f in futures]

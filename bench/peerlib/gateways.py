@@ -68,12 +68,9 @@ class GatewaySpec:
 
 
 #: Named diagnostic variants of inferplane (``--gateways inferplane:fit16``).
-#: fit16: the slot hold fitted to 16-slot engines: 3 of 16 slots kept for critical
-#: (slot_share 0.2/0.25, as bench/cascade.py's ``--admission inferplane``; the defaults
-#: 0.8/0.85 were measured on vLLM's 256 slots, and leave a lower class 4 of 16 slots per
-#: engine while critical calls are around). Decode protection as the defaults (its former
-#: 0.6/0.4 of the need held lower classes at any load here; the rule is now a share of the
-#: slack above a batch of one, core.headroom).
+#: fit16: slot_share 0.2/0.25 (3 of 16 slots kept for critical), the defaults since the
+#: decode hold protects decode itself (core.headroom); the row is kept for runs of older
+#: commits, whose defaults 0.8/0.85 left lower classes 4 of 16 slots per engine.
 _HEADROOM = "cfg.admission.headroom"
 VARIANTS = {
     "fit16": f"{_HEADROOM}.slot_share.standard=0.2+{_HEADROOM}.slot_share.sheddable=0.25",

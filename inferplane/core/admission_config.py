@@ -145,10 +145,14 @@ class HeadroomConfig(_Frozen):
     cap follows engines slower than the GPUs the defaults assume (emulated, scaled).
     """
 
-    #: Measured in bench/overload.py (vLLM's 256 sequences: standard fills at most 53
-    #: outstanding per endpoint, sheddable 40): big batches slow every decode, and a
-    #: critical answer of hundreds of tokens must still end within its deadline.
-    slot_share: PerClass = PerClass(critical=0.0, standard=0.8, sheddable=0.85)
+    #: 0.2 / 0.25 (3 of 16 slots, 51 / 64 of 256 kept for critical). It was 0.8 / 0.85, a
+    #: stand-in for decode protection (big batches slow every decode) before ``tpot_share``
+    #: protected decode itself; it then cost throughput and left lower classes 4 of 16
+    #: slots on small-batch engines. Simulator, 300 s: bench/overload.py's fleet (8B, 256
+    #: slots, seeds 3 / 4), good tasks/GPU-h 2x 16654 -> 19356 / 16211 -> 18759, 5x 14957
+    #: -> 20417 / 14741 -> 20171, critical 2x 100%, 5x 99.8%; bench/decode_hold_sim.py (70B
+    #: live fleet, seeds 0 / 1): critical 2x 100% / 99.6%, 5x 99.2% / 99.0%.
+    slot_share: PerClass = PerClass(critical=0.0, standard=0.2, sheddable=0.25)
     kv_share: PerClass = PerClass(critical=0.0, standard=0.1, sheddable=0.2)
     max_wait_s: PerClass = PerClass(critical=float("inf"), standard=1.0, sheddable=0.5)
     #: A class is held only while a higher class had a call within this many seconds.
