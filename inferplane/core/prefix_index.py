@@ -84,7 +84,6 @@ class _Endpoint:
     tiers: dict[int, int] = field(default_factory=dict)  # engine hash -> tiers, if not GPU
     expiry: dict[int, float] = field(default_factory=dict)  # key -> expiry of a GUESS
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_COUNTERS, 0))
-    peak_blocks: int = 0  # most blocks its engine reported cached at once
 
 
 class PrefixIndex:
@@ -208,7 +207,6 @@ class PrefixIndex:
             ep.expiry.pop(key, None)
             self._set(ep, key, tier, clear=GUESS)
         ep.counts["blocks_stored"] += len(keys)
-        ep.peak_blocks = max(ep.peak_blocks, len(ep.engine))
 
     def _apply_removed(self, ep: _Endpoint, hashes: Sequence[int], tier: int) -> None:
         for engine_hash in hashes:
@@ -308,16 +306,6 @@ class PrefixIndex:
     def kv_claims(self, endpoints: Iterable[str], now: float) -> dict[str, float]:
         """Per endpoint, the blocks its recently routed prompts claim (decayed)."""
         return self.claims.claims(endpoints, now)
-
-    def kv_capacities(self, endpoints: Iterable[str]) -> dict[str, int]:
-        """KV capacity in blocks of the endpoints whose cache has filled (it evicted): the
-        most blocks their events ever showed cached at once. Others are left out."""
-        eps = self._endpoints
-        return {
-            n: ep.peak_blocks
-            for n in endpoints
-            if (ep := eps.get(n)) is not None and ep.counts["blocks_removed"] and ep.peak_blocks
-        }
 
     def weighted_match(self, keys: Sequence[int], endpoints: Iterable[str]) -> dict[str, float]:
         """Like :meth:`match`, but a block held only in CPU memory counts ``cpu_weight``."""

@@ -82,8 +82,6 @@ class ClaimSource(Protocol):
 
     def kv_claims(self, endpoints: Iterable[str], now: float) -> dict[str, float]: ...
 
-    def kv_capacities(self, endpoints: Iterable[str]) -> dict[str, int]: ...
-
 
 def eligible(call: CallContext, endpoints: Sequence[EndpointView]) -> list[EndpointView]:
     """Endpoints that pass the stage-one filters."""
@@ -111,9 +109,9 @@ def route(
     ``cfg.explain_top`` also carry their per-axis scores with reasons (formatting them for
     every candidate on every call would cost more than the decision itself).
     A workflow's first call (one without an affine endpoint) is a new session, placed by
-    KV memory (the ``kv_claim`` axis, in place of ``kv_cache``): the blocks of this prompt
-    each endpoint lacks and what its recent sessions claim against its capacity, from a
-    prefix index that is a :class:`ClaimSource`.
+    KV memory (the ``kv_claim`` axis, in place of ``kv_cache``): what each endpoint's
+    recent sessions claim, from a prefix index that is a :class:`ClaimSource`, plus the
+    blocks of this prompt it lacks.
     Without claims, ``live_workflows`` (workflows whose context each endpoint holds) count
     as load for it instead.
     """
@@ -236,33 +234,21 @@ def _claim_costs(
     affinity_endpoint: str | None,
     now: float,
 ) -> dict[str, float]:
-    """A new session's KV placement cost per candidate, in blocks (``RoutingConfig``'s
-    ``claim_*`` knobs): the blocks of the prompt it lacks, which a shared prefix copied to
-    one more engine keeps claiming there, the claim itself (1 / ``claim_uncached_weight``
-    per block, so below the fill target the two trade as without a capacity) and the
-    overflow of the claim past the fill target of its capacity. Empty for any other
-    call."""
+    """A new session's KV placement cost per candidate, in blocks: the KV the endpoint's
+    recent sessions claim, plus ``claim_uncached_weight`` x the prompt blocks it lacks (a
+    shared prefix copied to one more engine costs its memory there for as long as the
+    sessions of its kind run). Empty for any other call."""
     keys = call.prompt_block_keys
     if call.workflow_id is None or affinity_endpoint is not None or not keys:
         return {}
     if not isinstance(prefix_index, ClaimSource):
         return {}
     claims = prefix_index.kv_claims(cached, now)
-    capacities = prefix_index.kv_capacities(cached)
-    size, num_blocks, fill = cfg.block_size, len(keys), cfg.claim_fill_target
-    over_w, lack_w = cfg.claim_overflow_weight, cfg.claim_uncached_weight
-    claim_w = 1.0 / lack_w if lack_w > 0 else 0.0
-    costs: dict[str, float] = {}
-    for name, tokens in cached.items():
-        lacks = max(0, num_blocks - tokens // size)
-        claim = claims.get(name, 0.0)
-        capacity = capacities.get(name)
-        if capacity is None:
-            costs[name] = claim + lack_w * lacks
-        else:
-            over = max(0.0, claim + lacks - fill * capacity)
-            costs[name] = lacks + claim_w * claim + over_w * over
-    return costs
+    weight, size, num_blocks = cfg.claim_uncached_weight, cfg.block_size, len(keys)
+    return {
+        name: claims.get(name, 0.0) + weight * max(0, num_blocks - tokens // size)
+        for name, tokens in cached.items()
+    }
 
 
 def _session_load(

@@ -86,13 +86,9 @@ class RoutingConfig(_Frozen):
     affinity_reuse_fraction: float = Field(default=0.8, ge=0, le=1)
     affinity_ttl_s: float = Field(default=300.0, gt=0)
     max_affinities: int = Field(default=100_000, ge=1)
-    #: A new session's KV placement cost on an endpoint, in blocks: the claim of its
-    #: recent sessions plus ``claim_uncached_weight`` x the prompt blocks it lacks (a
-    #: shared prefix copied there), in units of lacking blocks where its KV capacity is
-    #: known, plus ``claim_overflow_weight`` x how far the claim with them would pass
-    #: ``claim_fill_target`` of the capacity (sessions spread before engines fill).
-    claim_fill_target: float = Field(default=0.6, gt=0, le=1)
-    claim_overflow_weight: float = Field(default=4.0, ge=0)
+    #: A new session's KV placement cost on an endpoint is the blocks its recent sessions
+    #: claim plus this many times the blocks of the prompt it lacks (which would be copied
+    #: there: a shared prefix on one more engine).
     claim_uncached_weight: float = Field(default=4.0, ge=0)
     #: The kv_claim score halves for each this many blocks of cost over the pool's least.
     claim_scale_blocks: float = Field(default=128.0, gt=0)

@@ -15,11 +15,11 @@ cost       USD per output token (price / throughput), cheapest / this
 warm       1 when ready; warming endpoints ramp up (Envoy slow start, REFERENCE §4)
 priority   critical calls prefer endpoints with KV headroom and no queue
 affinity   1 on the endpoint that served the workflow's previous call
-kv_claim   a workflow's first call (a new session): 1 / (1 + placement cost over the
-           pool's least / ``claim_scale_blocks``), the cost being the blocks of this
-           prompt the endpoint lacks plus how far the KV its recent sessions claim would
-           pass ``claim_fill_target`` of its capacity (``routing._claim_costs``,
-           :mod:`inferplane.core.kv_claims`); 1 for other calls
+kv_claim   a workflow's first call (a new session), in place of kv_cache: 1 / (1 +
+           placement cost over the pool's least / ``claim_scale_blocks``), the cost being
+           the KV blocks the endpoint's recent sessions claim plus
+           ``claim_uncached_weight`` x the blocks of this prompt it lacks
+           (:mod:`inferplane.core.kv_claims`); 1 for other calls
 =========  =============================================================================
 
 Affinity without hot spots: an endpoint keeps its prefix and workflow bonus only while its

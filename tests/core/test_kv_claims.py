@@ -10,12 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from inferplane.core.kv_claims import KVClaims
-from inferplane.core.kv_events import BlockRemoved
 from inferplane.core.prefix_index import IndexSource, PrefixIndex
 from inferplane.core.routing import ClaimSource, route
 from inferplane.core.routing_config import RoutingConfig
 from tests.core.routing_helpers import FixedMatcher, call, view
-from tests.core.test_prefix_index import engine_hashes, store
 
 KEYS = tuple(range(100))  # a 1600-token prompt in 16-token blocks
 
@@ -23,18 +21,12 @@ KEYS = tuple(range(100))  # a 1600-token prompt in 16-token blocks
 class ClaimingMatcher(FixedMatcher):
     """A prefix index stand-in that also reports fixed KV claims (blocks) per endpoint."""
 
-    def __init__(
-        self, blocks: dict[str, int], claims: dict[str, float], capacity: int | None = None
-    ) -> None:
+    def __init__(self, blocks: dict[str, int], claims: dict[str, float]) -> None:
         super().__init__(blocks)
         self.claimed = claims
-        self.capacity = capacity
 
     def kv_claims(self, endpoints: Iterable[str], now: float) -> dict[str, float]:
         return {e: self.claimed.get(e, 0.0) for e in endpoints}
-
-    def kv_capacities(self, endpoints: Iterable[str]) -> dict[str, int]:
-        return {} if self.capacity is None else dict.fromkeys(endpoints, self.capacity)
 
 
 def test_distinct_blocks_are_claimed_once_and_decay_with_the_half_life() -> None:
@@ -145,34 +137,6 @@ def test_the_new_sessions_claim_axis_is_explained() -> None:
     axes = {r.name: {a.axis: a for a in r.axes} for r in decision.ranked}
     assert decision.primary == "a"
     assert axes["a"]["kv_claim"].score == 1.0
+    assert "kv_cache" not in axes["a"]  # the claim's cost counts the lacking blocks instead
     assert axes["b"]["kv_claim"].score == pytest.approx(0.5)  # 128 blocks more: halved
     assert "(+128)" in axes["b"]["kv_claim"].reason
-
-
-def test_capacity_is_known_once_the_engine_has_evicted_and_is_its_peak() -> None:
-    index = PrefixIndex()
-    tokens = list(range(40 * 16))
-    hashes = engine_hashes(3, tokens)
-    index.apply_events("a", [store(tokens, 3, last=30)], now=0.0)
-    assert index.kv_capacities(["a", "b"]) == {}  # not full yet: capacity unknown
-    index.apply_events("a", [BlockRemoved(block_hashes=tuple(hashes[20:30]))], now=1.0)
-    index.apply_events("a", [store(tokens, 3, first=20, last=32)], now=2.0)
-    assert index.kv_capacities(["a", "b"]) == {"a": 32}
-
-
-def test_with_capacity_a_new_session_joins_its_prefix_until_the_holder_would_overfill() -> None:
-    """Capacity 500 blocks, fill target 60% (300): the holder of the session's system
-    prompt (80 of its 100 blocks) takes it while its claim plus the 20 blocks it lacks
-    stays under 300 (its claim weighs 1/4 a lacking block); past that, each block over
-    costs 4, and the emptier engine wins."""
-    views = [view("holder"), view("empty")]
-    first = call(prompt=1600, keys=KEYS, workflow_id="w")
-    room = ClaimingMatcher({"holder": 80}, {"holder": 270.0, "empty": 0.0}, capacity=500)
-    assert route(first, views, 0.0, random.Random(1), prefix_index=room).primary == "holder"
-    full = ClaimingMatcher({"holder": 80}, {"holder": 320.0, "empty": 0.0}, capacity=500)
-    decision = route(first, views, 0.0, random.Random(1), prefix_index=full,
-                     config=RoutingConfig(explain_top=2))  # fmt: skip
-    assert decision.primary == "empty"
-    holder = next(r for r in decision.ranked if r.name == "holder")
-    reason = {a.axis: a.reason for a in holder.axes}["kv_claim"]
-    assert "cost 260 blocks" in reason  # 20 lacking + 320 / 4 + 4 x (320 + 20 - 300)
