@@ -40,11 +40,19 @@ class PoolScaleConfig(_Frozen):
     target_utilisation: float = Field(default=0.7, gt=0, le=1)
     scale_down_window_s: float = Field(default=300.0, ge=0)
     scale_down_cooldown_s: float = Field(default=120.0, ge=0)
+    # Burst reserve (core/autoscale_reserve.py): the burst factor kept warm before one is
+    # seen (1: none until a burst is seen), the learned factor's cap and its half-life
+    # (None: twice scale_down_window_s).
+    burst_prior: float = Field(default=1.0, ge=1)
+    burst_max_factor: float = Field(default=8.0, ge=1)
+    burst_memory_s: float | None = Field(default=None, ge=0)
 
     @model_validator(mode="after")
     def _bounds(self) -> PoolScaleConfig:
         if self.min_replicas > self.max_replicas:
             raise ValueError("min_replicas must be <= max_replicas")
+        if self.burst_prior > self.burst_max_factor:
+            raise ValueError("burst_prior must be <= burst_max_factor")
         return self
 
 
@@ -71,6 +79,9 @@ class AutoscaleConfig(_Frozen):
                 scale_down_window_s=p.scale_down_window_s,
                 scale_down_cooldown_s=p.scale_down_cooldown_s,
                 tick_s=self.tick_s,
+                burst_prior=p.burst_prior,
+                burst_max_factor=p.burst_max_factor,
+                burst_memory_s=p.burst_memory_s,
             )
             for p in self.pools
         ]

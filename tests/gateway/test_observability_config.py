@@ -24,11 +24,22 @@ def test_defaults_are_off() -> None:
         {"model": "m", "gpus": ["h100"], "min_replicas": 3, "max_replicas": 2},
         {"model": "m", "gpus": ["h100"], "target_utilisation": 0},
         {"model": "m", "gpus": ["h100"], "unknown": 1},
+        {"model": "m", "gpus": ["h100"], "burst_prior": 0.5},
+        {"model": "m", "gpus": ["h100"], "burst_prior": 9, "burst_max_factor": 8},
+        {"model": "m", "gpus": ["h100"], "burst_memory_s": -1},
     ],
 )
 def test_bad_pools_are_refused(bad: dict[str, object]) -> None:
     with pytest.raises(ValidationError):
         PoolScaleConfig.model_validate(bad)
+
+
+def test_burst_reserve_knobs_reach_the_core_policy() -> None:
+    pool = {"model": "llama-3-8b", "gpus": ["h100"], "burst_prior": 3, "burst_memory_s": 600}
+    (policy,) = AutoscaleConfig.model_validate({"enabled": True, "pools": [pool]}).policies()
+    assert (policy.burst_prior, policy.burst_memory_s, policy.memory_s) == (3.0, 600.0, 600.0)
+    (default,) = AutoscaleConfig.model_validate({"pools": [{**pool, "burst_prior": 1}]}).policies()
+    assert default.burst_prior == 1.0 and default.burst_max_factor == 8.0
 
 
 def test_sampling_ratio_is_bounded() -> None:
