@@ -108,8 +108,10 @@ class Scale:
 
 
 #: The cascade's load: at 0.7x (the issue's figure) the best peer completed 97.6% of its
-#: tasks, so no gateway could show 1.5x; at 0.9x the slowed engine (-10% of the fleet) and
-#: the clients' retries on timeout push the fleet to its ceiling.
+#: tasks, so no gateway could show 1.5x. At 0.9x (the slowed fleet's capacity) it still
+#: completed 97.4% in a 40 s window (peers-2026-12-01-h2-cascade.md): the routers keep
+#: calls off the slow engine. Separating policies needs more: a longer window or a load
+#: above what the slowed fleet serves.
 CASCADE_LOAD = 0.9
 DEADLINE_SLACK = 2.0  # a call's deadline: twice what it takes on a fleet at capacity
 PROBE_PROMPT_TOKENS = 300  # the capacity probe's chat prompts, roughly
