@@ -34,7 +34,15 @@ from peerlib import workloads as wl
 from peerlib.breakdown import breakdown, breakdown_lines
 from peerlib.overhead import measure_overhead, overhead_lines
 from peerlib.procs import FleetProc, children_cpu_s, cpu_s, run_load
-from peerlib.report import not_run_lines, table, target_lines
+from peerlib.report import (
+    cpu_fields,
+    cpu_lines,
+    not_run_lines,
+    offered_x,
+    sizing_lines,
+    table,
+    target_lines,
+)
 from peerlib.stats import Row, RunInfo, summarize
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -167,50 +175,6 @@ def run_cell(
         flush=True,
     )
     return row, {**outcomes, **cpu_fields(result)}
-
-
-def offered_x(workload: wl.Workload, scale: wl.Scale) -> float:
-    """Output tokens asked for inside the window, at capacity pace, over capacity x window."""
-    asked = sum(wl.tokens_in_window(t, workload.duration_s) for t in workload.tasks)
-    return round(asked / (scale.capacity_tok_s * workload.duration_s), 3)
-
-
-def sizing_lines(workload: wl.Workload, scale: wl.Scale) -> list[str]:
-    """What the workload offered inside its window, and which tasks count."""
-    counted = sum(1 for t in workload.tasks if t.counted)
-    drain = workload.drain_s
-    out = [
-        f"Offered inside the window (at capacity pace): {offered_x(workload, scale):.2f}x "
-        f"the fleet's output tok/s; {counted} of {len(workload.tasks)} tasks counted"
-    ]
-    if counted < len(workload.tasks):
-        out[0] += (
-            " (the others could not end by the cut-off even at capacity pace: they run "
-            "for every gateway and score for none)"
-        )
-    if drain is not None:
-        out[0] += f"; cut-off {drain:g} s after the window"
-    return [out[0] + ".", ""]
-
-
-def cpu_fields(result: dict[str, Any]) -> dict[str, Any]:
-    """The cell's CPU seconds per process and the machine's load average (start, end)."""
-    cpu = result.get("cpu_s") or {}
-    return {f"cpu_s_{k}": v for k, v in cpu.items()} | {"load_avg": result.get("load_avg")}
-
-
-def cpu_lines(cells: list[tuple[str, dict[str, Any]]]) -> list[str]:
-    """Who used the 2 CPUs during each cell (arrival window + drain)."""
-    out = [
-        "CPU seconds during each cell (fleet / gateway / load generator) and load average "
-        "at its start -> end:",
-        "",
-    ]
-    for label, c in cells:
-        cpu = [c.get(f"cpu_s_{k}") for k in ("fleet", "gateway", "load")]
-        avg = c.get("load_avg") or [None, None]
-        out.append(f"- {label}: {cpu[0]} / {cpu[1]} / {cpu[2]} s; load {avg[0]} -> {avg[1]}")
-    return out
 
 
 def install_all(specs: list[gw.GatewaySpec]) -> dict[str, str]:

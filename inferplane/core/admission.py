@@ -171,8 +171,7 @@ class Admission:
     def _decode_held(
         self, prio: PriorityClass, model: str, pool: Sequence[EndpointView], now: float
     ) -> bool:
-        """Whether decode protection of higher-class deadlines holds the class now
-        (:func:`inferplane.core.headroom.decode_held`)."""
+        """Whether decode protection holds the class now (``headroom.decode_held``)."""
         need_s = self.headroom.tpot_needs(now).of(prio)
         if math.isinf(need_s):
             return False
