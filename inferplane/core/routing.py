@@ -42,7 +42,6 @@ from inferplane.core.scorers import (
     explain,
     load_of,
     score_columns,
-    score_kv_cache,
     score_kv_claim,
     weighted_totals,
 )
@@ -109,7 +108,7 @@ def route(
     ``cfg.explain_top`` also carry their per-axis scores with reasons (formatting them for
     every candidate on every call would cost more than the decision itself).
     A workflow's first call (one without an affine endpoint) is a new session, placed by
-    KV memory (the ``kv_claim`` axis, in place of ``kv_cache``): what each endpoint's
+    KV memory (the ``kv_claim`` axis, next to ``kv_cache``): what each endpoint's
     recent sessions claim, from a prefix index that is a :class:`ClaimSource`, plus the
     blocks of this prompt it lacks.
     Without claims, ``live_workflows`` (workflows whose context each endpoint holds) count
@@ -157,11 +156,8 @@ def route(
     )
     pool = PoolStats.of(ctx, candidates)
     active = active_axes(cfg.weights_for(model))
-    # A new session is placed by KV memory, which counts the blocks it lacks (kv_claim
-    # replaces kv_cache, whose cached share would count them twice); for any other call
-    # kv_claim would score every endpoint 1, so it leaves the totals as they were.
-    unused = score_kv_cache if claims else score_kv_claim
-    active = tuple(a for a in active if a[0] is not unused)
+    if not claims:  # the axis would score every endpoint 1: leave the totals as they were
+        active = tuple(a for a in active if a[0] is not score_kv_claim)
     columns = score_columns(ctx, pool, candidates, active)
     totals = weighted_totals(candidates, active, columns)
     order = _pick(totals, rng, cfg.softmax_temperature)

@@ -15,7 +15,7 @@ cost       USD per output token (price / throughput), cheapest / this
 warm       1 when ready; warming endpoints ramp up (Envoy slow start, REFERENCE §4)
 priority   critical calls prefer endpoints with KV headroom and no queue
 affinity   1 on the endpoint that served the workflow's previous call
-kv_claim   a workflow's first call (a new session), in place of kv_cache: 1 / (1 +
+kv_claim   a workflow's first call (a new session): 1 / (1 +
            placement cost over the pool's least / ``claim_scale_blocks``), the cost being
            the KV blocks the endpoint's recent sessions claim plus
            ``claim_uncached_weight`` x the blocks of this prompt it lacks

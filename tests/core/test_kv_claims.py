@@ -137,6 +137,5 @@ def test_the_new_sessions_claim_axis_is_explained() -> None:
     axes = {r.name: {a.axis: a for a in r.axes} for r in decision.ranked}
     assert decision.primary == "a"
     assert axes["a"]["kv_claim"].score == 1.0
-    assert "kv_cache" not in axes["a"]  # the claim's cost counts the lacking blocks instead
     assert axes["b"]["kv_claim"].score == pytest.approx(0.5)  # 128 blocks more: halved
     assert "(+128)" in axes["b"]["kv_claim"].reason
