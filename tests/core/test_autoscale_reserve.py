@@ -16,73 +16,22 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from inferplane.core.autoscale_reserve import BurstReserve, burst_ratio
-from inferplane.core.autoscaler import (
-    Autoscaler,
-    AutoscalerState,
-    GpuOption,
-    PoolPolicy,
-    PoolSignal,
-    ScaleAction,
-    ScaleDecision,
-)
+from inferplane.core.autoscaler import Autoscaler, PoolPolicy, ScaleAction, ScaleDecision
 
-H100 = GpuOption("h100", price_per_hour_usd=4.0, tokens_per_s=10_000.0, cold_start_s=45.0)
-TOKENS_PER_CALL = 1000.0
-TICK_S = 5.0
+from .autoscale_loop import TICK_S, TOKENS_PER_CALL, ClosedLoop, h100, poisson, pool_policy
+
+H100 = h100(cold_start_s=45.0)
 
 
 def _policy(**kw: object) -> PoolPolicy:
     base: dict[str, object] = {
-        "pool": "m", "options": (H100,), "min_replicas": 1, "max_replicas": 40,
-        "tick_s": TICK_S, "scale_down_window_s": 30.0, "scale_down_cooldown_s": 30.0,
-        "burst_memory_s": 120.0,
+        "scale_down_window_s": 30.0, "scale_down_cooldown_s": 30.0, "burst_memory_s": 120.0,
     }  # fmt: skip
-    base.update(kw)
-    return PoolPolicy(**base)  # type: ignore[arg-type]
+    return pool_policy(H100, **{**base, **kw})
 
 
-def _poisson(rng: random.Random, mean: float) -> int:
-    n, t = 0, rng.expovariate(1.0)
-    while t < mean:
-        n, t = n + 1, t + rng.expovariate(1.0)
-    return n
-
-
-class _Loop:
-    """Closed loop: Poisson calls per tick; replicas asked for serve a cold start later."""
-
-    def __init__(self, policy: PoolPolicy, seed: int) -> None:
-        self.scaler = Autoscaler([policy])
-        self.rng = random.Random(seed)
-        self.state = AutoscalerState()
-        self.serving, self.starting = 1, list[float]()
-        self.now = 0.0
-
-    def step(self, calls_per_s: float, exact: bool = False) -> ScaleDecision:
-        self.now += TICK_S
-        self.serving += sum(1 for at in self.starting if at <= self.now)
-        self.starting = [at for at in self.starting if at > self.now]
-        mean = calls_per_s * TICK_S
-        n = round(mean) if exact else _poisson(self.rng, mean)
-        signal = PoolSignal(
-            pool="m", now_s=self.now, window_s=TICK_S, tokens=n * TOKENS_PER_CALL, requests=n,
-            serving={"h100": self.serving},
-            starting={"h100": len(self.starting)} if self.starting else {},
-        )  # fmt: skip
-        (d,), self.state = self.scaler.decide([signal], self.state)
-        have = self.serving + len(self.starting)
-        if d.desired_total > have:
-            self.starting += [self.now + H100.cold_start_s] * (d.desired_total - have)
-        elif d.desired_total < have:
-            self.serving = max(0, self.serving - (have - d.desired_total))
-        return d
-
-    def run(self, rates: list[float], exact: bool = False) -> list[ScaleDecision]:
-        return [self.step(r, exact) for r in rates]
-
-    @property
-    def ready_tokens_per_s(self) -> float:
-        return self.serving * H100.tokens_per_s
+def _loop(policy: PoolPolicy, seed: int) -> ClosedLoop:
+    return ClosedLoop(Autoscaler([policy]), seed, H100)
 
 
 def test_burst_ratio_reads_counts_at_their_poisson_lower_bound() -> None:
@@ -93,7 +42,7 @@ def test_burst_ratio_reads_counts_at_their_poisson_lower_bound() -> None:
     # The noise of a steady count rarely reaches 1/0.7, where the reserve starts to matter.
     rng = random.Random(5)
     for expected in (2.0, 10.0, 40.0):
-        high = sum(burst_ratio(_poisson(rng, expected), expected, 2.0) > 1 / 0.7
+        high = sum(burst_ratio(poisson(rng, expected), expected, 2.0) > 1 / 0.7
                    for _ in range(2000))  # fmt: skip
         assert high <= 10, (expected, high)
 
@@ -125,7 +74,7 @@ def test_the_learned_factor_holds_then_decays_towards_one() -> None:
 def test_the_reserve_stays_within_min_and_max(
     lo: int, span: int, prior: float, rates: list[float], seed: int
 ) -> None:
-    loop = _Loop(_policy(min_replicas=lo, max_replicas=lo + span, burst_prior=prior), seed)
+    loop = _loop(_policy(min_replicas=lo, max_replicas=lo + span, burst_prior=prior), seed)
     for d in loop.run(rates):
         assert lo <= d.desired_total <= lo + span, d
 
@@ -145,9 +94,9 @@ def test_no_flapping_under_steady_load_with_a_reserve(
     # A stabilisation window of 5 minutes, as in test_autoscaler's steady-load test.
     kw: dict[str, object] = {"surge_z": math.inf, "early_surge_z": math.inf,
                              "scale_down_window_s": 300.0}  # fmt: skip
-    decisions = _Loop(_policy(burst_prior=prior, **kw), seed).run([calls_per_s] * 200)
+    decisions = _loop(_policy(burst_prior=prior, **kw), seed).run([calls_per_s] * 200)
     # The same calls without a reserve (the plain loop's forecast has its own noise).
-    plain = _Loop(_policy(burst_max_factor=1.0, **kw), seed).run([calls_per_s] * 200)
+    plain = _loop(_policy(burst_max_factor=1.0, **kw), seed).run([calls_per_s] * 200)
     # Past the first minute: no flapping. At a replica boundary (the reserve within a few
     # percent of a replica's capacity) a Poisson window may add one up-and-down over the
     # 1000 s run, as the plain loop's own forecast noise may: never a cycle.
@@ -163,20 +112,20 @@ def test_no_flapping_under_steady_load_with_a_reserve(
 def test_a_prior_keeps_warm_capacity_for_a_burst_of_its_size(
     calls_per_s: float, prior: float
 ) -> None:
-    loop = _Loop(_policy(burst_prior=prior), seed=0)
+    loop = _loop(_policy(burst_prior=prior), seed=0)
     loop.run([calls_per_s] * 30, exact=True)
     # The step comes: the capacity already serving carries it (reserve_utilisation 1).
     observed = round(calls_per_s * TICK_S) / TICK_S * TOKENS_PER_CALL
     assert loop.ready_tokens_per_s >= prior * observed * 0.999
-    plain = _Loop(_policy(), seed=0)
+    plain = _loop(_policy(), seed=0)
     plain.run([calls_per_s] * 30, exact=True)
     assert loop.ready_tokens_per_s >= plain.ready_tokens_per_s
 
 
 def test_a_burst_seen_once_leaves_a_reserve_for_the_next_then_shrinks() -> None:
     steady, burst = [8.0] * 24, [40.0] * 12  # 5x for 60 s
-    loop = _Loop(_policy(), seed=11)
-    plain = _Loop(_policy(burst_max_factor=1.0), seed=11)  # learns nothing
+    loop = _loop(_policy(), seed=11)
+    plain = _loop(_policy(burst_max_factor=1.0), seed=11)  # learns nothing
     for lp in (loop, plain):
         lp.run(steady + burst + [8.0] * 12)
     # A minute after the burst, the learned reserve is warm for most of another one.
@@ -210,8 +159,8 @@ def test_a_burst_does_not_inflate_the_demand_the_reserve_multiplies() -> None:
     # 4 calls/s, then 5x for 60 s, then back; prior 5: the reserve covers 5x the demand a
     # burst rises from, not 5x the burst (that would ask for 25x the steady load).
     rates = [4.0] * 30 + [20.0] * 12 + [4.0] * 30
-    tuned = _Loop(_policy(burst_prior=5.0), seed=0).run(rates, exact=True)
-    plain = _Loop(_policy(burst_max_factor=1.0), seed=0).run(rates, exact=True)
+    tuned = _loop(_policy(burst_prior=5.0), seed=0).run(rates, exact=True)
+    plain = _loop(_policy(burst_max_factor=1.0), seed=0).run(rates, exact=True)
     steady = 4.0 * TOKENS_PER_CALL
     for d, p in zip(tuned, plain, strict=True):
         # The slow baseline, its input clipped, stays under 2x the steady load over a 60 s

@@ -8,7 +8,6 @@ expected), drawn from a seeded Poisson process so the noise is the one real arri
 from __future__ import annotations
 
 import math
-import random
 
 import pytest
 from hypothesis import given, settings
@@ -18,60 +17,26 @@ from inferplane.core.autoscale_surge import fitted_line, surge_z
 from inferplane.core.autoscaler import (
     Autoscaler,
     AutoscalerState,
-    GpuOption,
     PoolPolicy,
     PoolSignal,
     ScaleAction,
     ScaleDecision,
 )
 
-H100 = GpuOption("h100", price_per_hour_usd=4.0, tokens_per_s=10_000.0, cold_start_s=25.0)
-TOKENS_PER_CALL = 1000.0
-TICK_S = 5.0
+from .autoscale_loop import TICK_S, TOKENS_PER_CALL, ClosedLoop, h100, pool_policy
+
+H100 = h100(cold_start_s=25.0)
 
 
 def _policy(**kw: object) -> PoolPolicy:
-    base: dict[str, object] = {
-        "pool": "m", "options": (H100,), "min_replicas": 1, "max_replicas": 40,
-        "tick_s": TICK_S, "scale_down_window_s": 60.0,
-    }  # fmt: skip
-    base.update(kw)
-    return PoolPolicy(**base)  # type: ignore[arg-type]
-
-
-def _poisson(rng: random.Random, mean: float) -> int:
-    """A Poisson draw (inter-arrival times summed; small means only)."""
-    n, t = 0, rng.expovariate(1.0)
-    while t < mean:
-        n, t = n + 1, t + rng.expovariate(1.0)
-    return n
+    return pool_policy(H100, **{"scale_down_window_s": 60.0, **kw})
 
 
 def _run(
     scaler: Autoscaler, calls_per_s: list[float], seed: int, cold_start: bool = True
 ) -> list[ScaleDecision]:
-    """Closed loop: Poisson calls per tick; a replica asked for serves a cold start later."""
-    rng = random.Random(seed)
-    state, out = AutoscalerState(), []
-    serving, starting = 1, []  # starting: ready-at times
-    for i, rate in enumerate(calls_per_s):
-        now = (i + 1) * TICK_S
-        serving += sum(1 for at in starting if at <= now)
-        starting = [at for at in starting if at > now]
-        n = _poisson(rng, rate * TICK_S)
-        signal = PoolSignal(
-            pool="m", now_s=now, window_s=TICK_S, tokens=n * TOKENS_PER_CALL, requests=n,
-            serving={"h100": serving}, starting={"h100": len(starting)} if starting else {},
-        )  # fmt: skip
-        (d,), state = scaler.decide([signal], state)
-        out.append(d)
-        have = serving + len(starting)
-        if d.desired_total > have:
-            ready = now + (H100.cold_start_s if cold_start else 0.0)
-            starting += [ready] * (d.desired_total - have)
-        elif d.desired_total < have:
-            serving = max(0, serving - (have - d.desired_total))
-    return out
+    """The closed loop's decisions, one per tick (:class:`ClosedLoop`)."""
+    return ClosedLoop(scaler, seed, H100, cold_start).run(calls_per_s)
 
 
 def test_surge_z_counts_poisson_deviations() -> None:
