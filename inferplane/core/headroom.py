@@ -134,17 +134,22 @@ class HeadroomDemand:
 
     def wait_caps(self, now: float) -> PerClass:
         """The predicted engine wait each class may dispatch into now (inf: not held)."""
-        caps = [math.inf, math.inf, math.inf]
-        for i, prio in enumerate(_ORDER[1:], start=1):
-            active = self._active(_ORDER[:i], now)
-            if not active:
-                continue
-            budgets = [s.budget_s for s in active if s.budget_s is not None]
-            if budgets:
-                caps[i] = self.config.budget_share.of(prio) * min(budgets)
-            else:
-                caps[i] = self.config.max_wait_s.of(prio)
-        return PerClass(critical=caps[0], standard=caps[1], sheddable=caps[2])
+        return PerClass(critical=math.inf, standard=self._cap(1, now), sheddable=self._cap(2, now))
+
+    def held_mask(self, now: float) -> tuple[bool, bool]:
+        """Whether standard and sheddable are held now: ``wait_caps``' finite entries, without
+        building the config value (admission asks on every call)."""
+        return (not math.isinf(self._cap(1, now)), not math.isinf(self._cap(2, now)))
+
+    def _cap(self, i: int, now: float) -> float:
+        """The wait cap of the ``i``-th class in priority order (0: critical, never held)."""
+        active = self._active(_ORDER[:i], now)
+        if not active:
+            return math.inf
+        budgets = [s.budget_s for s in active if s.budget_s is not None]
+        if budgets:
+            return self.config.budget_share.of(_ORDER[i]) * min(budgets)
+        return self.config.max_wait_s.of(_ORDER[i])
 
     def tpot_needs(self, now: float) -> PerClass:
         """The TPOT the higher classes' deadlines need, per class (inf: not held)."""
@@ -189,7 +194,7 @@ class HeldConfigs:
         return found
 
     def slots_config(self, now: float) -> AdmissionConfig:
-        return self._slots_for(_held_mask(self.demand.wait_caps(now)))
+        return self._slots_for(self.demand.held_mask(now))
 
     def _slots_for(self, mask: tuple[bool, bool]) -> AdmissionConfig:
         found = self._slots.get(mask)

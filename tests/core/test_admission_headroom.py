@@ -9,6 +9,7 @@ fixed 1 s of engine queue (the peer scoreboard's 0.7x shared-prefix run queued 3
 from __future__ import annotations
 
 import math
+import random
 
 from inferplane.core.admission import Admit, Enqueue
 from inferplane.core.admission_config import HeadroomConfig, PerClass
@@ -36,6 +37,24 @@ def test_no_higher_class_demand_means_no_hold() -> None:
     assert a.headroom.wait_caps(20.0).standard == INF
     assert a.headroom.wait_caps(20.0).sheddable == 0.5  # standard demand protects itself
     assert isinstance(a.admit(call("x", prio=SHED), IDLE, 20.0), Enqueue)
+
+
+def test_held_mask_is_the_finite_wait_caps() -> None:
+    rng = random.Random(7)
+    no_std_cap = PerClass(critical=1, standard=INF, sheddable=2)
+    seen = set()
+    for config in (HeadroomConfig(), HeadroomConfig(max_wait_s=no_std_cap)):
+        d, now = HeadroomDemand(config), 0.0
+        for _ in range(400):
+            now += rng.choice((0.5, 0.5, 0.5, 45.0))  # now and then past the demand window
+            if rng.random() < 0.5:
+                d.note(rng.choice((CRIT, STD, SHED)), rng.choice((None, 0.5, 2.0, INF)), now)
+            caps = d.wait_caps(now)
+            want = (not math.isinf(caps.standard), not math.isinf(caps.sheddable))
+            assert d.held_mask(now) == want
+            seen.add(want)
+    # every reachable combination came up (a hold on standard also holds sheddable)
+    assert seen == {(False, False), (False, True), (True, True)}
 
 
 def test_critical_demand_holds_standard_until_the_window_passes() -> None:
