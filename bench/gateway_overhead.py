@@ -57,21 +57,24 @@ STREAM_CHUNKS = 16
 
 # ---- role: backend --------------------------------------------------------------------------
 
+#: The trivial backend's whole (non-streamed) answer.
+WHOLE_ANSWER = json.dumps(
+    {
+        "id": "x",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "m",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6},
+    }
+).encode()
+
 
 def run_backend(port: int) -> None:
     import uvloop
     from aiohttp import web
 
-    whole = json.dumps(
-        {
-            "id": "x",
-            "object": "chat.completion",
-            "created": 0,
-            "model": "m",
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}],
-            "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6},
-        }
-    ).encode()
+    whole = WHOLE_ANSWER
     chunk = (
         b'data: {"id":"x","object":"chat.completion.chunk",'
         b'"choices":[{"index":0,"delta":{"content":"tok"}}]}\n\n'

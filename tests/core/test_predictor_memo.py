@@ -10,18 +10,10 @@ import dataclasses
 import random
 
 from inferplane.core.predictor import LatencyEstimate, LatencyPredictor
-from inferplane.core.routing_config import EndpointPrior, PredictorConfig
+from inferplane.core.routing_config import PredictorConfig
 from inferplane.core.types import EndpointView
 from tests.core.routing_helpers import view
-
-PRIOR = EndpointPrior(
-    prefill_tokens_per_s=10_000.0,
-    chunk_tokens=1000,
-    decode_base_s=0.01,
-    decode_per_seq_s=0.001,
-    decode_full_kv_s=0.02,
-    throughput_tokens_per_s=2000.0,
-)
+from tests.core.test_predictor import PRIOR
 
 
 def _pred() -> LatencyPredictor:
