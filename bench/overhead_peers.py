@@ -1,12 +1,17 @@
 """What each gateway costs on a trivial backend: inferplane, sglang-router, vllm-router, LiteLLM.
 
-    python bench/overhead_peers.py [--quick] [--gateways inferplane,sglang-router,...] [--out F]
+    python bench/overhead_peers.py [--quick] [--gateways inferplane,sglang-router,...]
+        [--workers 1,2] [--out F]
 
 Requests/s and added latency p50/p99 (at saturation, 64 concurrent), direct and through
 each gateway, streaming and not, with the scoreboard's load generator; peers from their
 cache virtualenvs (installed on first use). ``bench/peers.py`` runs the same section at
 the end of the scoreboard; this runs it alone. Writes bench/results/overhead-peers.json
 (or ``--out``).
+
+``--workers 1,2`` (the default) runs inferplane once per worker count (``inferplane serve
+--workers N``; row ``inferplane workers=N``). The Rust routers run a thread per core, so the
+like-for-like row, the one the target is judged on, has as many workers as cores.
 """
 
 from __future__ import annotations
@@ -15,7 +20,9 @@ import argparse
 import json
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -23,15 +30,43 @@ from peerlib import gateways as gw
 from peerlib.overhead import measure_overhead, overhead_lines
 
 RESULTS = Path(__file__).resolve().parent / "results" / "overhead-peers.json"
+WORKERS = "workers="
+
+
+def _with_workers(original: Callable[..., list[str]]) -> Callable[..., list[str]]:
+    """``_inferplane_cmd`` that reads the variant ``workers=N`` as ``serve --workers N``."""
+
+    def cmd(engines: list[dict[str, Any]], port: int, workdir: Path, variant: str | None = None
+            ) -> list[str]:  # fmt: skip
+        if variant is not None and variant.startswith(WORKERS):
+            return [*original(engines, port, workdir, None), "--workers", variant[len(WORKERS) :]]
+        return original(engines, port, workdir, variant)
+
+    return cmd
+
+
+def _expand(gateways: str, workers: str) -> list[gw.GatewaySpec]:
+    """The specs, the plain ``inferplane`` one repeated per worker count (1: as given)."""
+    specs: list[gw.GatewaySpec] = []
+    for text in (s for s in gateways.split(",") if s):
+        spec = gw.parse_spec(text)
+        if spec.kind is not gw.GatewayKind.INFERPLANE or spec.policy is not None:
+            specs.append(spec)
+            continue
+        for n in (int(w) for w in workers.split(",") if w):
+            specs.append(spec if n == 1 else gw.GatewaySpec(spec.kind, f"{WORKERS}{n}"))
+    return specs
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--quick", action="store_true")
     p.add_argument("--gateways", default="inferplane,sglang-router,vllm-router,litellm")
+    p.add_argument("--workers", default="1,2", help="inferplane worker counts, a row each")
     p.add_argument("--out", default=str(RESULTS), help="where the JSON results go")
     args = p.parse_args()
-    specs = [gw.parse_spec(s) for s in args.gateways.split(",") if s]
+    gw._inferplane_cmd = _with_workers(gw._inferplane_cmd)
+    specs = _expand(args.gateways, args.workers)
     not_run: dict[str, str] = {}
     for spec in specs:
         try:
