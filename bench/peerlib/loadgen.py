@@ -36,6 +36,7 @@ class Attempt:
     timed_out: bool = False
     retry_after_s: float | None = None
     max_gap_s: float = 0.0
+    refusal: str = ""  # non-200: X-Inferplane-Reason and the body's start
 
 
 @dataclass(slots=True)
@@ -48,6 +49,8 @@ class Shared:
     records: list[list[Any]] = field(default_factory=list)
     tasks_done: list[list[Any]] = field(default_factory=list)
     error_samples: dict[str, str] = field(default_factory=dict)
+    #: every refused attempt: [task_id, step, priority, sent_s, status, reason and message]
+    refusals: list[list[Any]] = field(default_factory=list)
 
 
 def _retry_after(resp: aiohttp.ClientResponse) -> float | None:
@@ -106,6 +109,8 @@ async def _attempt(
                     att.retry_after_s = _retry_after(resp)
                     text = (await resp.read())[:300].decode(errors="replace")
                     sh.error_samples.setdefault(str(resp.status), text)
+                    reason = resp.headers.get("X-Inferplane-Reason", "")
+                    att.refusal = f"{reason} {text[:160]}"
                 else:
                     await _read_stream(resp, sent, att, sh.gaps)
     except TimeoutError:
@@ -167,9 +172,14 @@ async def _call(
     ttft: float | None = None
     while True:
         attempts += 1
+        sent_s = time.monotonic() - sh.t0
         att = await _attempt(
             session, sh, body, headers, None if factor is None else factor * deadline
         )
+        if att.refusal:
+            sh.refusals.append(
+                [task["task_id"], step, task["priority"], round(sent_s, 3), att.status, att.refusal]
+            )
         if att.ttft_s is not None and ttft is None:
             ttft = time.monotonic() - start - att.end_s + att.ttft_s
         wait = None if attempts >= sh.client["max_attempts"] else _should_retry(att, sh.client)
@@ -279,6 +289,7 @@ async def run(spec: dict[str, Any]) -> dict[str, Any]:
         "unfinished_tasks": unfinished,
         "uncounted_tasks": sum(1 for t in wl["tasks"] if not t.get("counted", True)),
         "error_samples": sh.error_samples,
+        "refusals": sh.refusals,
         "elapsed_s": elapsed,
         "tbt_p99_s": gaps[min(len(gaps) - 1, int(0.99 * len(gaps)))] if gaps else None,
         "tbt_p50_s": gaps[len(gaps) // 2] if gaps else None,

@@ -50,6 +50,7 @@ from inferplane.core.capacity import (
 )
 from inferplane.core.headroom import HeadroomDemand, HeldConfigs, decode_held
 from inferplane.core.predictor import LatencyPredictor
+from inferplane.core.prompt_reuse import ConversationReuse
 from inferplane.core.queueing import ExitKind, QueueExit, QueueItem, RequestQueue
 from inferplane.core.quotas import QuotaBook
 from inferplane.core.types import CallContext, EndpointView, PriorityClass
@@ -107,14 +108,14 @@ class Admission:
         *,
         capacity: CapacityFn = pool_capacity,
     ) -> None:
-        """``capacity`` computes a pool's capacity (``pool_capacity``'s signature; the
-        simulator passes one kept incrementally between its view syncs)."""
+        """``capacity``: ``pool_capacity``'s signature (the simulator's is incremental)."""
         self._capacity = capacity
         self.config = config or AdmissionConfig()
         self.predictor: AdmissionPredictor = predictor or LatencyPredictor()
         self.queue = RequestQueue(self.config.queue)
         self.quotas = QuotaBook(self.config.quotas)
         self.workflows = WorkflowLedger(self.config.workflows)
+        self.reuse = ConversationReuse(self.config.workflows.max_workflows)
         self.stats = AdmissionStats()
         self.headroom = HeadroomDemand(self.config.headroom)
         self._held = HeldConfigs(self.config, self.headroom)
@@ -144,15 +145,17 @@ class Admission:
                 self.quotas.release(call.request_id, now, num_tokens=0)
             return self._count(call, decision)
         self.note_arrival(call, now)
-        uncached = max(0, call.num_prompt_tokens - num_cached_tokens)
+        cached = max(num_cached_tokens, self.reuse.cached_tokens(call))
+        uncached = max(0, call.num_prompt_tokens - cached)
         cap = self._capacity(
             call.model, uncached, pool, self.predictor, self.slots_config(now), now, call.priority
         )
         decoding = self._decode_held(call.priority, call.model, pool, now)
-        decision = self._decide(call, cap, now, size_bytes, decoding)
+        decision = self._decide(call, cap, now, size_bytes, decoding, uncached)
         if isinstance(decision, Reject):
             self.quotas.release(call.request_id, now, num_tokens=0)
         else:
+            self.reuse.note(call)
             self.workflows.on_admit(call, now)
             if isinstance(decision, Enqueue):
                 self._settle_exits(decision.evicted, now)
@@ -197,7 +200,8 @@ class Admission:
         now: float,
         size_bytes: int,
         decoding: bool = False,
-    ) -> AdmissionDecision:
+        uncached: int | None = None,
+    ) -> AdmissionDecision:  # uncached: prompt tokens to prefill (None: all of it)
         cfg, prio = self.config, call.priority
         standing = self.workflows.standing(call)
         ahead = self.queue.work_ahead(prio)
@@ -206,7 +210,7 @@ class Admission:
             if prio is not PriorityClass.CRITICAL:
                 msg = f"no endpoint of model {call.model!r} accepts work"
                 return Reject("no_capacity", msg, cfg.unknown_retry_after_s, 503, sat)
-            return self._enqueue(call, cap, None, standing, now, size_bytes, sat)
+            return self._enqueue(call, cap, None, standing, now, (size_bytes, uncached), sat)
         ttft_s = cap.best.ttft_s + (cap.drain_s(ahead) if ahead.num_calls else 0.0)
         drain_s = cap.best.wait_s + cap.drain_s(ahead)
         miss = self._deadline_miss(call, cap, ttft_s, now)
@@ -220,7 +224,7 @@ class Admission:
         held = decoding or cap.best.wait_s > self.held_config(now).headroom.max_wait_s.of(prio)
         if ahead.num_calls == 0 and cap.free_slots > 0 and not held:
             return Admit("admitted", sat, ttft_s)
-        return self._enqueue(call, cap, ttft_s, standing, now, size_bytes, sat, drain_s)
+        return self._enqueue(call, cap, ttft_s, standing, now, (size_bytes, uncached), sat, drain_s)
 
     def _baseline(self, call: CallContext, pool: Sequence[EndpointView]) -> AdmissionDecision:
         """The comparison rules (``AdmissionConfig.mode``): FCFS, or llm-d priority shedding."""
@@ -263,11 +267,11 @@ class Admission:
         ttft_s: float | None,
         standing: WorkflowStanding | None,
         now: float,
-        size_bytes: int,
+        sized: tuple[int, int | None],
         sat: float,
         drain_s: float | None = None,
     ) -> AdmissionDecision:
-        item = self._item(call, cap, standing, size_bytes)
+        item = self._item(call, cap, standing, sized)
         pushed = self.queue.push(item, now)
         if not pushed.accepted:
             retry = self._ra(drain_s) if drain_s is not None else self.config.unknown_retry_after_s
@@ -279,9 +283,10 @@ class Admission:
         call: CallContext,
         cap: PoolCapacity,
         standing: WorkflowStanding | None,
-        size_bytes: int,
+        sized: tuple[int, int | None],
     ) -> QueueItem:
-        """The queue entry: EDF key with workflow credit, and when waiting becomes futile."""
+        """The queue entry: EDF key with workflow credit, and when waiting becomes futile;
+        ``sized``: its size in bytes and the prompt tokens it will prefill."""
         cfg, prio = self.config, call.priority
         n_out = self._num_output(call)
         give_up_s = call.arrival_s + cfg.queue.max_wait_s.of(prio)
@@ -304,7 +309,7 @@ class Admission:
             key += wf.service_penalty_s * standing.service_share
             key -= wf.progress_credit_s * standing.progress if standing.protected else 0.0
             keep = standing.keep
-        return QueueItem(call, key, expires, n_out, size_bytes, keep)
+        return QueueItem(call, key, expires, n_out, sized[0], keep, sized[1])
 
     # -- dispatch and outcomes ----------------------------------------------------------
 
@@ -330,7 +335,7 @@ class Admission:
             out = self.queue.pop_next(now, allows)
             if out is None:
                 break
-            room.charge(out.item.call)
+            room.charge(out.item.call, out.item.prefill_tokens)
             exits.append(out)
             budget -= 1
         exits.extend(self.queue.expire(now))  # met while dispatching

@@ -133,10 +133,11 @@ class DispatchBudget:
         wait_s, rate = self._least_wait(model)
         return bool(wait_s + (tokens / rate if rate > 0 else 0.0) <= max_wait_s)
 
-    def charge(self, call: CallContext) -> None:
-        """``call`` was dispatched."""
+    def charge(self, call: CallContext, prefill_tokens: int | None = None) -> None:
+        """``call`` was dispatched, to prefill ``prefill_tokens`` (None: its whole prompt)."""
         calls, tokens = self._sent.get(call.model, (0, 0))
-        self._sent[call.model] = (calls + 1, tokens + call.num_prompt_tokens)
+        n = call.num_prompt_tokens if prefill_tokens is None else prefill_tokens
+        self._sent[call.model] = (calls + 1, tokens + n)
 
     def _least_wait(self, model: str) -> tuple[float, float]:
         if model not in self._wait:

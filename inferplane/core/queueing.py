@@ -57,6 +57,8 @@ class QueueItem:
     num_output_tokens: int  # expected output (service and drain estimates)
     size_bytes: int = 0
     keep: float = 0.0  # eviction protection (workflow progress); higher is evicted later
+    #: prompt tokens its prefill is expected to run (None: the whole prompt, none cached)
+    num_prefill_tokens: int | None = None
 
     @property
     def request_id(self) -> str:
@@ -65,6 +67,12 @@ class QueueItem:
     @property
     def priority(self) -> PriorityClass:
         return self.call.priority
+
+    @property
+    def prefill_tokens(self) -> int:
+        """Prompt tokens left to prefill (the drain estimate's prompt work)."""
+        n = self.num_prefill_tokens
+        return self.call.num_prompt_tokens if n is None else n
 
     @property
     def service_tokens(self) -> int:
@@ -392,6 +400,6 @@ class RequestQueue:
 
     def _account(self, band: _Band, item: QueueItem, sign: int) -> None:
         band.count += sign
-        band.prompt_tokens += sign * item.call.num_prompt_tokens
+        band.prompt_tokens += sign * item.prefill_tokens
         band.output_tokens += sign * item.num_output_tokens
         self._bytes += sign * item.size_bytes
