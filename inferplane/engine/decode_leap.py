@@ -15,6 +15,7 @@ of the scheduler: it works on the scheduler's own state. Pure: times are argumen
 
 from __future__ import annotations
 
+from inferplane.engine.generation import tail_of
 from inferplane.engine.scheduler import Scheduler
 from inferplane.engine.sequence import SeqStatus, Sequence, StepPlan
 from inferplane.engine.types import EOS_TOKEN_ID, BlockRemoved, EngineEvent
@@ -61,19 +62,25 @@ def run_decode_stretch(sched: Scheduler, ends: list[float], events: list[EngineE
     running = list(sched.running)
     gen = sched._gen
     num_steps = len(ends)
-    drawn: list[tuple[list[int], int]] = []
+    drawn: list[tuple[list[int], int, int]] = []
     for seq in running:
-        tokens, h = gen.run(seq.gen_hash, num_steps, seq.request.ignore_eos)
+        tail = tail_of(seq.token_ids)
+        tokens, chain, h = gen.run(
+            seq.gen_chain, seq.gen_hash, tail, num_steps, seq.request.ignore_eos
+        )
         if tokens[-1] == EOS_TOKEN_ID and len(tokens) - 1 < num_steps:
             num_steps = len(tokens) - 1  # that sequence stops in this step: end before it
             if num_steps < 2:
                 return 0
-        drawn.append((tokens, h))
-    for seq, (tokens, h) in zip(running, drawn, strict=True):
+        drawn.append((tokens, chain, h))
+    for seq, (tokens, chain, h) in zip(running, drawn, strict=True):
         if len(tokens) > num_steps:
-            tokens, h = gen.run(seq.gen_hash, num_steps, seq.request.ignore_eos)
+            tail = tail_of(seq.token_ids)
+            tokens, chain, h = gen.run(
+                seq.gen_chain, seq.gen_hash, tail, num_steps, seq.request.ignore_eos
+            )
         seq.token_ids.extend(tokens)
-        seq.gen_hash = h
+        seq.gen_chain, seq.gen_hash = chain, h
     _apply_kv(sched, running, ends[:num_steps], events)
     return num_steps
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 import heapq
 from operator import attrgetter
 
-from inferplane.engine.generation import TokenGenerator, prompt_hash
+from inferplane.engine.generation import TokenGenerator, context_state
 from inferplane.engine.kvcache import BlockPool
 from inferplane.engine.sequence import SeqStatus, Sequence, StepPlan
 from inferplane.engine.types import (
@@ -105,6 +105,7 @@ class Scheduler:
             raise ValueError(f"the prompt of {num_prompt} tokens never fits the KV cache")
         if min(prompt) < 0 or max(prompt) >= VOCAB_SIZE:
             raise ValueError(f"token ids must be in [0, {VOCAB_SIZE})")
+        chain, gen_hash = context_state(prompt)
         seq = Sequence(
             request=request,
             arrival_s=now,
@@ -113,7 +114,8 @@ class Scheduler:
             token_ids=list(prompt),
             num_prompt_tokens=num_prompt,
             max_len=min(num_prompt + request.max_tokens, self.max_model_len, capacity),
-            gen_hash=prompt_hash(prompt),
+            gen_chain=chain,
+            gen_hash=gen_hash,
         )
         self._next_order += 1
         self._by_id[request.request_id] = seq
@@ -240,7 +242,7 @@ class Scheduler:
         Without ``emit_tokens`` only each request's first token is reported (for TTFT).
         """
         end_s, bs, kv_events = plan.end_s, self._bs, self.kv_events
-        step = self._gen.step
+        extend = self._gen.extend
         events: list[EngineEvent] = []
         finished = False
         for seq, num_new in zip(plan.seqs, plan.num_new, strict=True):
@@ -253,8 +255,9 @@ class Scheduler:
             tokens = seq.token_ids
             if computed < len(tokens):
                 continue  # a prefill chunk, more to come
-            token, seq.gen_hash = step(seq.gen_hash, seq.request.ignore_eos)
-            tokens.append(token)
+            token, seq.gen_chain, seq.gen_hash = extend(
+                seq.gen_chain, seq.gen_hash, tokens, seq.request.ignore_eos
+            )
             self.generation_tokens_total += 1
             first = not seq.prompt_done
             if first:

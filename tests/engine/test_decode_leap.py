@@ -13,7 +13,7 @@ import pytest
 
 from inferplane.engine import decode_leap
 from inferplane.engine import model as model_module
-from inferplane.engine.generation import TokenGenerator, context_hash, prompt_hash
+from inferplane.engine.generation import TokenGenerator, context_state, tail_of
 from inferplane.engine.kvcache import BlockPool
 from inferplane.engine.model import EngineModel
 from inferplane.engine.perf import PerfModel
@@ -113,30 +113,22 @@ def test_decode_step_ends_are_bit_identical_to_stepping(model: str, gpu: str, tp
         assert perf.decode_step_ends(start, n, context, 50, scale, expected[9]) == expected[:10]
 
 
-def test_prompt_hash_equals_context_hash_cold_and_warm() -> None:
-    rng = random.Random(3)
-    base = [rng.randrange(16, 32_000) for _ in range(1000)]
-    for length in (0, 1, 255, 256, 257, 700, 1000):
-        prompt = tuple(base[:length])
-        assert prompt_hash(prompt) == context_hash(prompt)
-        assert prompt_hash(prompt) == context_hash(prompt)  # memo hit
-    changed = (*base[:300], 17, *base[301:])
-    assert prompt_hash(changed) == context_hash(changed) != context_hash(base)
-
-
-def test_run_is_repeated_step() -> None:
+def test_run_is_repeated_extend() -> None:
     gen = TokenGenerator(5)
-    for ignore_eos in (False, True):
-        h0 = context_hash([20, 21, 22])
-        tokens, h_end = gen.run(h0, 40, ignore_eos)
-        h, expected = h0, []
-        for _ in range(40):
-            token, h = gen.step(h, ignore_eos)
-            expected.append(token)
-            if token == 2:
-                break
-        assert (tokens, h_end) == (expected, h)
-    assert len(gen.run(h0, 40, False)[0]) < 40  # mean 5 tokens: EOS drawn early
+    for length in (3, 15, 16, 17, 40):
+        prompt = list(range(20, 20 + length))
+        for ignore_eos in (False, True):
+            chain0, h0 = context_state(prompt)
+            tokens, chain_end, h_end = gen.run(chain0, h0, tail_of(prompt), 40, ignore_eos)
+            context, chain, h = list(prompt), chain0, h0
+            for _ in range(40):
+                token, chain, h = gen.extend(chain, h, context, ignore_eos)
+                if token == 2:
+                    break
+            assert (tokens, chain_end, h_end) == (context[length:], chain, h)
+            assert (chain, h) == context_state(context)
+    chain0, h0 = context_state([20, 21, 22])
+    assert len(gen.run(chain0, h0, [20, 21, 22], 40, False)[0]) < 40  # mean 5: EOS early
 
 
 def test_pool_hands_out_fresh_blocks_in_order_after_freed_ones() -> None:

@@ -7,21 +7,62 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inferplane.engine.generation import TokenGenerator, context_hash, empty_context_hash, mix
+from inferplane.engine.generation import (
+    GEN_BLOCK_TOKENS,
+    TokenGenerator,
+    chain_block,
+    context_hash,
+    context_state,
+    empty_context_hash,
+    mix,
+)
 from inferplane.engine.types import EOS_TOKEN_ID, FIRST_TEXT_TOKEN_ID, VOCAB_SIZE
 
 tokens = st.integers(min_value=FIRST_TEXT_TOKEN_ID, max_value=VOCAB_SIZE - 1)
 
 
-def test_context_hash_is_a_fold_of_mix() -> None:
+def test_context_hash_folds_tokens_then_chains_full_blocks() -> None:
     prompt = [17, 500, 31_999, 16, 2]
     h = empty_context_hash()
     for t in prompt:
         h = mix(h, t)
-    assert context_hash(prompt) == h
+    assert context_hash(prompt) == h  # no full block: a fold of mix
+    assert context_state(prompt) == (empty_context_hash(), h)
+    block = list(range(100, 100 + GEN_BLOCK_TOKENS))
+    chain = chain_block(empty_context_hash(), block)
+    assert context_state(block) == (chain, chain)
+    h = chain
+    for t in prompt:
+        h = mix(h, t)
+    assert context_state(block + prompt) == (chain, h)
     assert 0 <= h < 2**64
-    assert context_hash(prompt[:-1]) != h
+    assert context_hash(prompt[:-1]) != context_hash(prompt)
     assert context_hash([1, 2]) != context_hash([2, 1])  # order matters
+    swapped = [block[1], block[0], *block[2:]]
+    assert context_hash(swapped + prompt) != context_hash(block + prompt)
+
+
+@settings(max_examples=40, deadline=None)
+@given(prompt=st.lists(tokens, min_size=0, max_size=80), extra=st.lists(tokens, max_size=40))
+def test_extend_one_token_at_a_time_equals_hashing_in_one_piece(
+    prompt: list[int], extra: list[int]
+) -> None:
+    chain, h = context_state(prompt)
+    context = list(prompt)
+    for t in extra:  # extend draws its own token: fold ``t`` in the way it does
+        context.append(t)
+        if len(context) % GEN_BLOCK_TOKENS:
+            h = mix(h, t)
+        else:
+            chain = h = chain_block(chain, context[-GEN_BLOCK_TOKENS:])
+        assert (chain, h) == context_state(context)
+    gen = TokenGenerator(30)
+    context = list(prompt)
+    chain, h = context_state(context)
+    for _ in range(40):
+        token, chain, h = gen.extend(chain, h, context, True)
+        assert context[-1] == token
+        assert (chain, h) == context_state(context)
 
 
 def test_same_context_same_output_and_tokens_in_range() -> None:
@@ -75,12 +116,12 @@ def test_ignore_eos_never_stops() -> None:
     assert len(out) == 50 and EOS_TOKEN_ID not in out
 
 
-def test_step_is_next_token_then_mix() -> None:
+def test_extend_draws_next_token() -> None:
     gen = TokenGenerator(mean_output_tokens=3)
-    h = context_hash([40, 41, 42])
+    context = [40, 41, 42]
+    chain, h = context_state(context)
     for ignore_eos in (False, True):
         for _ in range(50):
-            token, h2 = gen.step(h, ignore_eos)
-            assert token == gen.next_token(h, ignore_eos=ignore_eos)
-            assert h2 == mix(h, token)
-            h = h2
+            expected = gen.next_token(h, ignore_eos=ignore_eos)
+            token, chain, h = gen.extend(chain, h, context, ignore_eos)
+            assert token == expected == context[-1]

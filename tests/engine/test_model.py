@@ -274,7 +274,8 @@ def test_cold_start_then_queued_requests_run() -> None:
 def test_reset_fails_in_flight_and_clears_the_cache() -> None:
     model = EngineModel(H100_8B)
     for i in range(3):
-        model.submit(EngineRequest(f"r{i}", tuple(range(16, 16 + 100 * (i + 1))), 500), 0.0)
+        prompt = tuple(range(16, 16 + 100 * (i + 1)))  # no EOS: all three still run at reset
+        model.submit(EngineRequest(f"r{i}", prompt, 500, ignore_eos=True), 0.0)
     model.advance(0.2)
     assert model.cached_block_hashes()
     events = model.reset(0.25)
