@@ -11,7 +11,8 @@ Two workloads (``--workload prefix|agentic|both``, see ``routing_workloads.py``)
   pauses between calls, and the workflow headers (X-Workflow-Id/-Step/-Steps).
 
 Both are scaled to what a 2-core machine can emulate: 8 emulated engines serving
-Llama-3-70B on 2 x H100 (about 9K tokens of KV cache each), streaming.
+Llama-3-70B on 2 x H100 (about 9K tokens of KV cache each), streaming; ``--tp 4`` gives
+them 4 x H100 (the profile's default: ~448K tokens each, no KV pressure).
 
 Policies (engines restarted with empty caches for each, same seed, same calls):
 
@@ -86,7 +87,7 @@ WORKLOADS = ("prefix", "agentic")
 # ---- role: fleet (child process) -------------------------------------------------------------
 
 
-def run_fleet(kv_events: bool, time_scale: float) -> None:
+def run_fleet(kv_events: bool, time_scale: float, tp: int = TP) -> None:
     """Start the engines, print their endpoint configs as one JSON line, then answer each
     stdin line with the engines' total timer lateness (how far the emulation trails real
     time); run until stdin ends."""
@@ -95,7 +96,7 @@ def run_fleet(kv_events: bool, time_scale: float) -> None:
     from inferplane.engine.fleet import EngineSpec, Fleet
 
     async def main() -> None:
-        spec = EngineSpec(model=MODEL, gpu=GPU, tensor_parallel=TP, count=ENGINES,
+        spec = EngineSpec(model=MODEL, gpu=GPU, tensor_parallel=tp, count=ENGINES,
                           time_scale=time_scale, kv_events=kv_events, seed=1)  # fmt: skip
         loop = asyncio.get_running_loop()
         async with Fleet([spec]) as fleet:
@@ -110,8 +111,9 @@ def run_fleet(kv_events: bool, time_scale: float) -> None:
 class FleetProcess:
     """The engine fleet in a child process (its own cores' worth of event loop)."""
 
-    def __init__(self, kv_events: bool, time_scale: float) -> None:
-        cmd = [sys.executable, __file__, "--role", "fleet", "--time-scale", str(time_scale)]
+    def __init__(self, kv_events: bool, time_scale: float, tp: int = TP) -> None:
+        cmd = [sys.executable, __file__, "--role", "fleet", "--time-scale", str(time_scale),
+               "--tp", str(tp)]  # fmt: skip
         if kv_events:
             cmd.append("--kv-events")
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -263,7 +265,7 @@ async def _gateway_prefix(url: str) -> dict[str, Any]:
 
 def run_policy(policy: str, workload: str, args: argparse.Namespace) -> dict[str, Any]:
     """One policy on one workload with a fresh fleet (and gateway): its measured row."""
-    fleet = FleetProcess(policy == "precise", args.time_scale)
+    fleet = FleetProcess(policy == "precise", args.time_scale, args.tp)
     gateway: subprocess.Popen[Any] | None = None
     workdir = Path(tempfile.mkdtemp(prefix="routing-bench-"))
     log_path = workdir / "gateway.log"
@@ -312,7 +314,7 @@ def run_policy(policy: str, workload: str, args: argparse.Namespace) -> dict[str
 def main() -> None:
     args = parse_args()
     if args.role == "fleet":
-        run_fleet(args.kv_events, args.time_scale)
+        run_fleet(args.kv_events, args.time_scale, args.tp)
         return
     if args.scan_rates:
         scan_rate(args)
@@ -374,6 +376,9 @@ def parse_args() -> argparse.Namespace:
         " workload's timeline stretches to match, results are in model time",
     )  # fmt: skip
     p.add_argument("--workload", choices=[*WORKLOADS, "both"], default="prefix")
+    p.add_argument(
+        "--tp", type=int, default=TP, help="GPUs per engine (2: ~9K KV tokens, 4: ~448K)"
+    )
     p.add_argument("--duration-s", type=float, default=20.0)
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--policies", default=",".join(POLICIES))

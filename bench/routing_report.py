@@ -43,7 +43,8 @@ def verdicts(results: dict[str, dict[str, Any]]) -> list[str]:
 
 
 def _title(workload: str, args: argparse.Namespace) -> str:
-    fleet = (f"{ENGINES} x {MODEL} on {TP}x{GPU} (emulated, time scale {args.time_scale:g}),"
+    tp = getattr(args, "tp", TP)
+    fleet = (f"{ENGINES} x {MODEL} on {tp}x{GPU} (emulated, time scale {args.time_scale:g}),"
              f" seed {args.seed}, {os.cpu_count()} CPUs")  # fmt: skip
     if workload == "prefix":
         return (f"prefix workload: {args.tenants} tenants x ~{args.prefix_words}-word prefix,"
