@@ -61,7 +61,7 @@ def test_claim_equals_the_decayed_sum_over_last_touches(
     touches: list[tuple[int, int, float]],
 ) -> None:
     """Incremental bookkeeping == the definition, recomputed from scratch."""
-    claims = KVClaims(half_life_s=2.0, horizon_half_lives=50.0)
+    claims = KVClaims(half_life_s=2.0, horizon_half_lives=50.0, reserve_growth=False)
     last: dict[int, float] = {}
     now = 0.0
     for start, length, step_s in touches:
@@ -71,6 +71,42 @@ def test_claim_equals_the_decayed_sum_over_last_touches(
         last.update(dict.fromkeys(keys, now))
     expected = sum(2 ** (-(now - t) / 2.0) for t in last.values())
     assert claims.claim_blocks("a", now) == pytest.approx(expected, rel=1e-6, abs=1e-6)
+
+
+def test_a_new_session_reserves_the_growth_sessions_showed_and_follow_ups_consume_it() -> None:
+    """Sessions are chains of prompts, each extending the last one's final block (its tip).
+    Their growth past the tip, over the sessions begun, is reserved for each new one."""
+    claims = KVClaims(half_life_s=1e9, reserve_half_life_s=1e9, growth_half_life_s=1e9)
+    shared = list(range(10))  # a system prompt every session starts with
+    claims.touch("a", [*shared, 100], 0.0)  # session 1 begins: nothing seen grow yet
+    assert claims.expected_growth_blocks(0.0) == 0.0
+    assert claims.claim_blocks("a", 0.0) == pytest.approx(11)
+    claims.touch("a", [*shared, 100, 101, 102], 1.0)  # its follow-up adds 2 past the tip
+    claims.touch("a", [*shared, 100, 101, 102, 103, 104, 105, 106], 2.0)  # and 4 more
+    assert claims.expected_growth_blocks(2.0) == pytest.approx(6)  # 6 blocks / 1 session
+    claims.touch("b", [*shared, 200], 3.0)  # session 2 begins on b: reserves 6
+    assert claims.claim_blocks("b", 3.0) == pytest.approx(11 + 6)
+    claims.touch("b", [*shared, 200, 201, 202, 203], 4.0)  # grows 3: 3 left reserved
+    assert claims.claim_blocks("b", 4.0) == pytest.approx(14 + 3)
+    claims.touch("b", [*shared, 200, 201, 202, 203], 5.0)  # a retry: neither new nor grown
+    assert claims.claim_blocks("b", 5.0) == pytest.approx(14 + 3)
+    assert claims.expected_growth_blocks(5.0) == pytest.approx(9 / 2)
+
+
+def test_reservations_decay_and_a_burst_of_new_sessions_reserves_each() -> None:
+    claims = KVClaims(half_life_s=1e9, reserve_half_life_s=2.0, growth_half_life_s=1e9)
+    claims.touch("a", [1, 2], 0.0)
+    claims.touch("a", [1, 2, 3, 4, 5, 6, 7, 8, 9, 10], 0.0)  # grew 8: 8 per session
+    for session in range(3):  # each begun session lowers the estimate (not seen grow yet)
+        claims.touch("b", [1, 100 + session], 1.0)
+    reserved = 8 + 8 / 2 + 8 / 3
+    assert claims.claim_blocks("b", 1.0) == pytest.approx(4 + reserved)
+    assert claims.claim_blocks("b", 3.0) == pytest.approx(4 + reserved / 2)
+    off = KVClaims(reserve_growth=False)
+    off.touch("a", [1, 2], 0.0)
+    off.touch("a", [1, 2, 3, 4], 0.0)
+    off.touch("a", [1, 9], 0.0)
+    assert off.claim_blocks("a", 0.0) == pytest.approx(5)
 
 
 def test_the_prefix_index_claims_what_was_routed_to_each_endpoint() -> None:
