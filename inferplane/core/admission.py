@@ -6,22 +6,21 @@ For each call, in order (the first rule that answers decides):
    quota, Retry-After exact from the bucket or the money window;
 2. **no capacity at all** (no endpoint of the pool accepts work): critical calls queue,
    others get 503 with a fixed Retry-After;
-3. **deadline**: the predicted TTFT (best endpoint now, plus draining the queued work
-   served before this class) against the TTFT budget, and predicted completion against the
-   deadline; a miss is rejected at once rather than burning GPU time (critical calls are
-   queued anyway unless ``reject_critical_on_deadline``, and leave the queue as expired
-   once dispatching could no longer meet the deadline, like every class);
+3. **deadline**: predicted TTFT (best endpoint now, plus draining the queued work served
+   before this call: higher classes and its own class's earlier EDF keys; a workflow's
+   step prefills only what its previous step did not leave cached,
+   :mod:`inferplane.core.prompt_reuse`) against the TTFT budget, and completion against
+   the deadline; a miss is rejected at once (critical calls queue anyway unless
+   ``reject_critical_on_deadline``, and every class leaves the queue once it can no
+   longer make it);
 4. **shedding by capacity**: the pool's saturation as seen by the class (llm-d's engine
-   saturation plus the gateway queue ahead of it, :mod:`inferplane.core.capacity`) against
-   the class's threshold: sheddable first, then standard, critical never. A workflow's
-   threshold rises with its progress (sunk cost) while within its retry allowance, and a
-   new workflow's falls, so new tasks are refused before old ones are killed;
+   saturation plus the gateway queue ahead, :mod:`inferplane.core.capacity`) against the
+   class's threshold (sheddable first, critical never), raised with a workflow's progress
+   and lowered for a new one, so new tasks are refused before old ones are killed;
 5. **admit** when nothing of its class or above waits and an endpoint has a free slot
-   for its class (lower classes leave a share of every endpoint's slots and KV free, and
-   are held while the predicted wait at the best endpoint is over their cap: the headroom
-   that lets a critical call start at once, ``AdmissionConfig.headroom``; held only
-   while a higher class has demand, by a cap that follows its TTFT budgets:
-   :mod:`inferplane.core.headroom`), else
+   for its class (lower classes leave a share of slots and KV free and are held while
+   the best endpoint's predicted wait or TPOT is over their cap, only while a higher
+   class has demand: ``AdmissionConfig.headroom``, :mod:`inferplane.core.headroom`), else
    **enqueue** (evicting lower-class, least-protected, newest calls when full; a call
    that would itself be the victim is rejected as ``queue_full``).
 
@@ -37,9 +36,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from inferplane.core.admission_config import AdmissionConfig, AdmissionMode
+from inferplane.core.admission_decisions import AdmissionDecision, Admit, Enqueue, Reject
 from inferplane.core.admission_stats import AdmissionSnapshot, AdmissionStats
 from inferplane.core.capacity import (
     AdmissionPredictor,
@@ -59,38 +58,6 @@ from inferplane.core.workflows import WorkflowLedger, WorkflowStanding
 __all__ = ["Admission", "AdmissionDecision", "Admit", "Enqueue", "Reject"]
 
 
-@dataclass(frozen=True, slots=True)
-class Admit:
-    """Dispatch now: route the call on current state."""
-
-    reason: str
-    saturation: float
-    predicted_ttft_s: float | None
-
-
-@dataclass(frozen=True, slots=True)
-class Enqueue:
-    """The call waits in the queue; ``evicted`` calls were pushed out for it (answer them)."""
-
-    reason: str
-    saturation: float
-    predicted_ttft_s: float | None
-    item: QueueItem
-    evicted: tuple[QueueExit, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class Reject:
-    """Refused now: answer ``status`` with ``Retry-After: retry_after_s`` and the reason."""
-
-    code: str  # machine-readable reason (X-Inferplane-Reason, metrics label)
-    message: str
-    retry_after_s: int
-    status: int = 429
-    saturation: float = 0.0
-
-
-AdmissionDecision = Admit | Enqueue | Reject
 PoolLookup = Callable[[str], Sequence[EndpointView]]
 CapacityFn = Callable[
     [str, int, Sequence[EndpointView], AdmissionPredictor, AdmissionConfig, float, PriorityClass],
@@ -211,8 +178,9 @@ class Admission:
                 msg = f"no endpoint of model {call.model!r} accepts work"
                 return Reject("no_capacity", msg, cfg.unknown_retry_after_s, 503, sat)
             return self._enqueue(call, cap, None, standing, now, (size_bytes, uncached), sat)
-        ttft_s = cap.best.ttft_s + (cap.drain_s(ahead) if ahead.num_calls else 0.0)
-        drain_s = cap.best.wait_s + cap.drain_s(ahead)
+        first = self.queue.work_ahead(prio, self._order_key(call, standing))  # EDF: ahead of it
+        ttft_s = cap.best.ttft_s + (cap.drain_s(first) if first.num_calls else 0.0)
+        drain_s = cap.best.wait_s + cap.drain_s(first)
         miss = self._deadline_miss(call, cap, ttft_s, now)
         if miss and (prio is not PriorityClass.CRITICAL or cfg.reject_critical_on_deadline):
             return Reject("deadline_unreachable", miss, self._ra(drain_s), 429, sat)
@@ -287,29 +255,33 @@ class Admission:
     ) -> QueueItem:
         """The queue entry: EDF key with workflow credit, and when waiting becomes futile;
         ``sized``: its size in bytes and the prompt tokens it will prefill."""
-        cfg, prio = self.config, call.priority
         n_out = self._num_output(call)
-        give_up_s = call.arrival_s + cfg.queue.max_wait_s.of(prio)
-        due = [give_up_s]
-        if call.ttft_budget_s is not None:
-            due.append(call.arrival_s + call.ttft_budget_s)
-        if call.deadline_s is not None:
-            due.append(call.deadline_s)
-        key = min(due)
-        expires = give_up_s
+        expires = call.arrival_s + self.config.queue.max_wait_s.of(call.priority)
         if cap.best is not None:  # critical too: queued despite a predicted miss, not for ever
             if call.ttft_budget_s is not None:
                 expires = min(expires, call.arrival_s + call.ttft_budget_s - cap.best.prefill_s)
             if call.deadline_s is not None:
                 service_s = cap.best.prefill_s + cap.best.tpot_s * max(1, n_out)
                 expires = min(expires, call.deadline_s - service_s)
-        keep = 0.0
+        keep = 0.0 if standing is None else standing.keep
+        key = self._order_key(call, standing)
+        return QueueItem(call, key, expires, n_out, sized[0], keep, sized[1])
+
+    def _order_key(self, call: CallContext, standing: WorkflowStanding | None) -> float:
+        """EDF key: the earliest of give-up time, TTFT due and deadline, moved by workflow
+        credit (earlier with progress) and attained service (later)."""
+        cfg = self.config
+        due = [call.arrival_s + cfg.queue.max_wait_s.of(call.priority)]
+        if call.ttft_budget_s is not None:
+            due.append(call.arrival_s + call.ttft_budget_s)
+        if call.deadline_s is not None:
+            due.append(call.deadline_s)
+        key = min(due)
         if standing is not None:
             wf = cfg.workflows
             key += wf.service_penalty_s * standing.service_share
             key -= wf.progress_credit_s * standing.progress if standing.protected else 0.0
-            keep = standing.keep
-        return QueueItem(call, key, expires, n_out, sized[0], keep, sized[1])
+        return key
 
     # -- dispatch and outcomes ----------------------------------------------------------
 

@@ -23,6 +23,7 @@ in, no clock, no I/O. Heaps use lazy deletion and are rebuilt when tombstones do
 
 from __future__ import annotations
 
+import bisect
 import enum
 import heapq
 import math
@@ -152,6 +153,7 @@ class _Band:
     count: int = 0
     prompt_tokens: int = 0
     output_tokens: int = 0
+    keys: list[float] = field(default_factory=list)  # live order keys, sorted
 
 
 def _clean(heap: _Heap, live: int) -> None:
@@ -190,14 +192,23 @@ class RequestQueue:
     def depth(self, priority: PriorityClass) -> int:
         return self._bands[priority].count
 
-    def work_ahead(self, priority: PriorityClass) -> WorkAhead:
-        """Calls queued in ``priority``'s band and above (served before a new call of it)."""
-        bands = [b for p, b in self._bands.items() if p.rank <= priority.rank]
-        return WorkAhead(
-            sum(b.count for b in bands),
-            sum(b.prompt_tokens for b in bands),
-            sum(b.output_tokens for b in bands),
-        )
+    def work_ahead(self, priority: PriorityClass, order_key_s: float | None = None) -> WorkAhead:
+        """Calls queued in ``priority``'s band and above (served before a new call of it).
+
+        With ``order_key_s``, of its own band only the calls keyed no later (EDF: a call
+        with an earlier deadline overtakes the rest; their tokens pro rata, approximate
+        across tenants' fair shares)."""
+        calls = prompt = output = 0
+        for p, b in self._bands.items():
+            if p.rank > priority.rank or not b.count:
+                continue
+            n = b.count
+            if p is priority and order_key_s is not None:
+                n = bisect.bisect_right(b.keys, order_key_s)
+            calls += n
+            prompt += round(b.prompt_tokens * n / b.count)
+            output += round(b.output_tokens * n / b.count)
+        return WorkAhead(calls, prompt, output)
 
     def attained_service(self, tenant: str, priority: PriorityClass, now: float) -> float:
         """The tenant's decayed attained service (tokens) in a band."""
@@ -400,6 +411,10 @@ class RequestQueue:
 
     def _account(self, band: _Band, item: QueueItem, sign: int) -> None:
         band.count += sign
+        if sign > 0:
+            bisect.insort(band.keys, item.order_key_s)
+        else:
+            del band.keys[bisect.bisect_left(band.keys, item.order_key_s)]
         band.prompt_tokens += sign * item.prefill_tokens
         band.output_tokens += sign * item.num_output_tokens
         self._bytes += sign * item.size_bytes

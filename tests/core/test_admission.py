@@ -132,14 +132,30 @@ def test_retry_after_comes_from_drain_time_and_is_at_least_one_second() -> None:
     a = adm(StubPredictor(wait_s=0.2))
     quick = a.admit(call("x", ttft_budget_s=0.01), IDLE, 0.0)
     assert isinstance(quick, Reject) and quick.retry_after_s == 1  # 0.2 s drain, floor 1
-    # Queue standard work: 10 calls x (1000 prompt, 100 out) on 2 x (10k prefill, 100 tok/s).
+    # Queue critical work: 10 calls x (1000 prompt, 100 out) on 2 x (10k prefill, 100 tok/s).
     for i in range(10):
-        assert isinstance(a.admit(call(f"q{i}"), busy(5), 0.0), Enqueue)
+        assert isinstance(a.admit(call(f"q{i}", prio=CRIT), busy(5), 0.0), Enqueue)
     slow = a.admit(call("y", ttft_budget_s=0.5), busy(5), 0.0)
     drain_s = 0.2 + 10 * 1000 / 20_000 + 10 * 100 / 200
     assert isinstance(slow, Reject) and slow.retry_after_s == int(drain_s) + 1
     capped = adm(StubPredictor(wait_s=1e6)).admit(call("z", ttft_budget_s=1.0), IDLE, 0.0)
     assert isinstance(capped, Reject) and capped.retry_after_s == 120
+
+
+def test_the_deadline_test_counts_only_the_queued_calls_due_before_it() -> None:
+    """EDF within the class: a call due sooner overtakes queued calls due later, so their
+    work does not count against its deadline; a call due after them waits for them all."""
+    a = adm(StubPredictor(wait_s=0.1, tpot_s=0.01))
+    for i in range(10):  # 10 x (1000 prompt, 10 out) due at 30 s: 0.1 s each to drain
+        q = call(f"q{i}", deadline_s=30.0, max_tokens=10)
+        assert isinstance(a.admit(q, busy(5), 0.0), Enqueue)
+    # Due at 1 s: behind all ten it would start at 0.2 + 1.0 s (a miss); it goes first.
+    soon = a.admit(call("soon", deadline_s=1.0, max_tokens=10), busy(5), 0.0)
+    assert isinstance(soon, Enqueue) and soon.predicted_ttft_s == pytest.approx(0.2)
+    later = a.admit(call("later", deadline_s=40.0, max_tokens=10), busy(5), 0.0)
+    assert isinstance(later, Enqueue) and later.predicted_ttft_s == pytest.approx(0.2 + 1.1)
+    assert a.queue.work_ahead(STD, 1.0).num_calls == 1
+    assert a.queue.work_ahead(STD).num_calls == 12
 
 
 # -- shedding by capacity and class ----------------------------------------------------

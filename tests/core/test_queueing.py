@@ -134,6 +134,21 @@ def test_cancel_and_work_ahead() -> None:
     assert not q.push(item("c", prio=SHED), 4.0).accepted  # duplicate id
 
 
+def test_work_ahead_of_an_order_key_counts_its_band_up_to_that_key() -> None:
+    q = RequestQueue()
+    q.push(item("c", prio=CRIT, key=9.0, prompt=10, out=5), 0.0)
+    for rid, key in (("s1", 1.0), ("s2", 2.0), ("s3", 3.0), ("s4", 3.0)):
+        q.push(item(rid, key=key, prompt=20, out=8), 0.0)
+    ahead = q.work_ahead(STD, 2.5)  # the critical call, whatever its key, and s1, s2
+    assert (ahead.num_calls, ahead.prompt_tokens, ahead.output_tokens) == (3, 50, 21)
+    assert q.work_ahead(STD, 3.0).num_calls == 5  # ties count as ahead (FIFO among equals)
+    assert q.work_ahead(STD, 0.5).num_calls == 1
+    q.cancel("s2", 1.0)
+    popped = [q.pop_next(1.0), q.pop_next(1.0)]
+    assert [x.item.request_id for x in popped if x is not None] == ["c", "s1"]
+    assert q.work_ahead(STD, 2.5).num_calls == 0 and q.work_ahead(STD, 3.0).num_calls == 2
+
+
 # -- properties ------------------------------------------------------------------------
 
 _ops = st.lists(
