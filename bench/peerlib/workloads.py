@@ -107,12 +107,14 @@ class Scale:
     tbt_at_capacity_s: float | None = None  # median time per output token there (wall s)
 
 
-#: The cascade's load: at 0.7x (the issue's figure) the best peer completed 97.6% of its
-#: tasks, so no gateway could show 1.5x. At 0.9x (the slowed fleet's capacity) it still
-#: completed 97.4% in a 40 s window (peers-2026-12-01-h2-cascade.md): the routers keep
-#: calls off the slow engine. Separating policies needs more: a longer window or a load
-#: above what the slowed fleet serves.
-CASCADE_LOAD = 0.9
+#: The cascade's load: the issue's 70%. Chat alone did not cascade at 0.7x or 0.9x (best
+#: peer 97.6% / 97.4%: single calls are balanced off the slow engine). What cascades in
+#: production is a conversation pinned to the replica holding its prefix: every later step
+#: of a session that started there lands on the slowed engine, each step misses its
+#: deadline, and the client's retry on timeout comes too late for the task. So the
+#: cascade mixes sessions (``CASCADE_SESSION_SHARE`` of tasks) into the chat.
+CASCADE_LOAD = 0.7
+CASCADE_SESSION_SHARE = 0.3
 DEADLINE_SLACK = 2.0  # a call's deadline: twice what it takes on a fleet at capacity
 PROBE_PROMPT_TOKENS = 300  # the capacity probe's chat prompts, roughly
 # Modelled seconds per uncached prompt token (the engines' perf model: llama-3-8b on an H100
@@ -242,7 +244,14 @@ def agentic_drain_s(scale: Scale) -> float:
     return 20.0 if scale.quick else 60.0
 
 
-def _agentic_tasks(scale: Scale, seed: int, load: float, cutoff_s: float) -> tuple[Task, ...]:
+def _agentic_tasks(
+    scale: Scale,
+    seed: int,
+    load: float,
+    cutoff_s: float,
+    name: WorkloadKind = WorkloadKind.AGENTIC,
+    agent_share: float = 0.1,
+) -> tuple[Task, ...]:
     """Agents and chat at ``load`` x capacity of output tokens asked for INSIDE the window.
 
     An agent issues its ~600 tokens over a minute or more of sequential calls and tool
@@ -256,7 +265,7 @@ def _agentic_tasks(scale: Scale, seed: int, load: float, cutoff_s: float) -> tup
     rate_load = load
     tasks: tuple[Task, ...] = ()
     for _ in range(4):  # offered tokens are ~proportional to the rate: a fixed point
-        tasks = _tasks(WorkloadKind.AGENTIC, scale, seed, rate_load, agent_share=0.1)
+        tasks = _tasks(name, scale, seed, rate_load, agent_share)
         offered = sum(tokens_in_window(t, scale.duration_s) for t in tasks)
         if offered <= 0 or abs(offered / target - 1) < 0.01:
             break
@@ -310,18 +319,17 @@ def build(name: WorkloadKind, scale: Scale, seed: int) -> Workload:
         client = ClientPolicy(max_attempts=4, honour_retry_after=True)
         return Workload(name, "overload 3x, clients honour Retry-After", d, 3.0, tasks, client)
     if name is WorkloadKind.CASCADE:
-        tasks = _tasks(name, scale, seed, CASCADE_LOAD, agent_share=0.0)
+        drain = agentic_drain_s(scale)
+        tasks = _agentic_tasks(
+            scale, seed, CASCADE_LOAD, d + drain, name, agent_share=CASCADE_SESSION_SHARE
+        )
         client = ClientPolicy(max_attempts=3, retry_on_timeout=True, timeout_factor=1.0)
         fault = Fault(round(0.25 * d, 3), 0, json.dumps({"slowdown": 5.0}))
-        return Workload(
-            name,
-            f"one engine slows 5x at {CASCADE_LOAD:g}x load, clients retry on timeout",
-            d,
-            CASCADE_LOAD,
-            tasks,
-            client,
-            (fault,),
+        title = (
+            f"one engine slows 5x at {CASCADE_LOAD:g}x load (sessions and chat), clients "
+            "retry on timeout"
         )
+        return Workload(name, title, d, CASCADE_LOAD, tasks, client, (fault,), drain_s=drain)
     tasks = _tasks(name, scale, seed, 0.5, agent_share=0.0)
     faults = (
         Fault(round(0.3 * d, 3), 0, json.dumps({"restart": True})),

@@ -37,9 +37,8 @@ def test_workloads_are_deterministic_and_seed_dependent(kind: wl.WorkloadKind) -
 def test_offered_load_scales_with_the_multiplier() -> None:
     big = wl.Scale(duration_s=100.0, capacity_tok_s=2000.0, time_scale=10.0)
     over = wl.build(wl.WorkloadKind.OVERLOAD, big, seed=1)  # 3x, chat only
-    cascade = wl.build(wl.WorkloadKind.CASCADE, big, seed=1)  # CASCADE_LOAD, same chat mix
-    ratio = wl.expected_output_tokens(over) / wl.expected_output_tokens(cascade)
-    assert ratio == pytest.approx(3.0 / wl.CASCADE_LOAD, rel=0.12)
+    crash = wl.build(wl.WorkloadKind.CRASH, big, seed=1)  # 0.5x, longer chat answers
+    assert len(over.tasks) / len(crash.tasks) > 3.0  # 6x the tokens, 2x tokens per chat
     offered_tok_s = wl.expected_output_tokens(over) / big.duration_s
     assert offered_tok_s == pytest.approx(3.0 * big.capacity_tok_s, rel=0.12)
 
@@ -80,6 +79,18 @@ def test_tasks_that_cannot_end_by_the_cut_off_are_not_counted() -> None:
     assert all(t.counted for t in work.tasks if t.kind == "chat")  # chat ends in the drain
     assert 0 < sum(t.counted for t in agents) < len(agents)
     assert [t["counted"] for t in wl.to_json(work)["tasks"]] == [t.counted for t in work.tasks]
+
+
+def test_cascade_mixes_pinned_sessions_into_chat_at_its_load_inside_the_window() -> None:
+    work = wl.build(wl.WorkloadKind.CASCADE, PROBED, seed=0)
+    asked = sum(wl.tokens_in_window(t, PROBED.duration_s) for t in work.tasks)
+    share = asked / (PROBED.capacity_tok_s * PROBED.duration_s)
+    assert share == pytest.approx(wl.CASCADE_LOAD, rel=0.02)
+    sessions = [t for t in work.tasks if t.kind == "agent"]
+    assert len(sessions) / len(work.tasks) == pytest.approx(wl.CASCADE_SESSION_SHARE, abs=0.06)
+    assert {t.priority for t in work.tasks} == {"standard"}
+    assert work.client.retry_on_timeout and work.client.timeout_factor == 1.0
+    assert [f.engine_index for f in work.faults] == [0] and work.drain_s is not None
 
 
 def test_tokens_in_window_stop_at_the_window() -> None:
