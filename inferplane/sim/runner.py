@@ -46,6 +46,7 @@ from inferplane.sim.events import EventKind, EventQueue
 from inferplane.sim.faults import expand
 from inferplane.sim.fleet import Fleet, SimEndpoint
 from inferplane.sim.gate import make_gate
+from inferplane.sim.gc_tuning import rare_collections
 from inferplane.sim.kvfeed import KVFeed
 from inferplane.sim.ledger import Call, Ledger
 from inferplane.sim.records import Outcome, RunResult, Sample
@@ -144,16 +145,17 @@ class Simulation(EngineSync, Upkeep, Scaling):
         self.q.push(0.0, EventKind.SAMPLE)
         self._start_scaling()
         q, handlers = self.q, self._handlers()
-        while q:
-            t = q.peek_time()
-            assert t is not None
-            if t > self.end_s or (t >= self.duration_s and not self._open):
-                break
-            _, kind, payload = q.pop()
-            handlers[kind](payload)
-            self.counters["events"] += 1
-            if self._progress is not None and self.counters["events"] % _PROGRESS_EVERY == 0:
-                self._progress(q.now_s)
+        with rare_collections():
+            while q:
+                t = q.peek_time()
+                assert t is not None
+                if t > self.end_s or (t >= self.duration_s and not self._open):
+                    break
+                _, kind, payload = q.pop()
+                handlers[kind](payload)
+                self.counters["events"] += 1
+                if self._progress is not None and self.counters["events"] % _PROGRESS_EVERY == 0:
+                    self._progress(q.now_s)
         return self._finish()
 
     def _handlers(self) -> dict[EventKind, Callable[[object], None]]:
