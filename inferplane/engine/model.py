@@ -193,10 +193,9 @@ class EngineModel:
         if need > self._pool.num_free:
             return end_s
         num_seqs = step.num_decode_seqs
-        ends = self.perf.decode_step_ends(
+        return self.perf.decode_stretch_end(
             end_s, num_seqs, step.decode_context_tokens + num_seqs, remaining - 1, self._scale()
         )
-        return ends[-1]
 
     def abort(self, request_id: str, now: float) -> list[EngineEvent]:
         """Cancel a request: RequestFinished(ABORT) and its blocks freed; no-op if unknown."""

@@ -23,7 +23,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import numpy as np
+
 from inferplane.engine.profiles import EngineProfile
+
+#: From this many steps on, ``decode_stretch_end`` prices the steps as numpy arrays.
+_ARRAY_MIN_STEPS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +185,43 @@ class PerfModel:
             ends.append(t)
             context += num_seqs
         return ends
+
+    def decode_stretch_end(
+        self,
+        start_s: float,
+        num_seqs: int,
+        context_tokens: int,
+        num_steps: int,
+        scale: tuple[float, float],
+    ) -> float:
+        """``decode_step_ends(...)[-1]`` for ``num_steps >= 1``, bit-identical (tested).
+
+        For a long stretch the step times are numpy arrays, the same operations in the same
+        order per step (IEEE float64 either way), summed by ``np.add.accumulate``, which
+        adds in sequence as the loop does: one wake-up's leap to the first finish of a
+        batch (~130 steps at 1,000 engines) costs ~10 us instead of ~22 (at 30 steps the
+        loop is faster: 5 us against 9).
+        """
+        if num_steps < _ARRAY_MIN_STEPS:
+            ends = self.decode_step_ends(start_s, num_seqs, context_tokens, num_steps, scale)
+            return ends[-1]
+        context = context_tokens + num_seqs * np.arange(num_steps, dtype=np.float64)
+        compute_s = (self._flops_per_token * num_seqs + self._attn_flops_per_pair * context) / (
+            self._flops_s
+        )
+        memory_s = (self._weight_bytes + self._kv_bytes_per_token * context) / self._mem_bytes_s
+        busy_s = np.where(compute_s > memory_s, compute_s, memory_s)
+        step_s = (
+            busy_s
+            + self._overhead_s
+            + self._overhead_per_seq_s * num_seqs
+            + self._allreduce_fixed_s
+            + self._allreduce_bytes_per_token_s * num_seqs
+        )
+        increments = np.empty(num_steps + 1, dtype=np.float64)
+        increments[0] = start_s
+        increments[1:] = step_s * scale[0] * scale[1]
+        return float(np.add.accumulate(increments)[-1])
 
 
 def prefill_pairs(num_new_tokens: int, num_context_tokens: int) -> float:

@@ -113,6 +113,21 @@ def test_decode_step_ends_are_bit_identical_to_stepping(model: str, gpu: str, tp
         assert perf.decode_step_ends(start, n, context, 50, scale, expected[9]) == expected[:10]
 
 
+@pytest.mark.parametrize(
+    ("model", "gpu", "tp"), [("llama-3-8b", "h100", 1), ("llama-3-70b", "h100", 4)]
+)
+def test_decode_stretch_end_is_the_last_step_end_bit_for_bit(model: str, gpu: str, tp: int) -> None:
+    perf = PerfModel(load_profile(model, gpu, tp))
+    rng = random.Random(11)
+    for steps in (1, 2, 63, 64, 65, 131, 700):
+        for _ in range(10):
+            n, context = rng.randrange(1, 256), rng.randrange(0, 500_000)
+            scale = (rng.choice([1.0, 0.01, 3.3, 100.0]), rng.choice([1.0, 2.5]))
+            start = rng.uniform(0, 1e5)
+            last = perf.decode_step_ends(start, n, context, steps, scale)[-1]
+            assert perf.decode_stretch_end(start, n, context, steps, scale) == last
+
+
 def test_run_is_repeated_extend() -> None:
     gen = TokenGenerator(5)
     for length in (3, 15, 16, 17, 40):
