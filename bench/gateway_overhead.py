@@ -171,19 +171,22 @@ async def load(url: str, mode: str, stream: bool, duration_s: float, concurrency
             latencies.append(lat)
             chunks += n
 
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         if mode == "closed":
             await asyncio.gather(*(worker() for _ in range(concurrency)))
         else:
             count = int(rate * duration_s)
             await asyncio.gather(*(paced(i / rate) for i in range(count)))
         elapsed = time.perf_counter() - t0
+        cpu_s = time.process_time() - cpu0
     latencies.sort()
     n = len(latencies)
     return {
         "requests": n,
         "errors": errors,
         "rps": n / elapsed,
+        "load_cpu_us_per_req": 1e6 * cpu_s / max(1, n),  # the load generator's own
+        "load_cpu_share": cpu_s / elapsed,  # of one core: near 1, the generator is the cap
         "chunks_per_s": chunks / elapsed,
         "p50_ms": 1e3 * latencies[n // 2] if n else None,
         "p99_ms": 1e3 * latencies[min(n - 1, int(n * 0.99))] if n else None,

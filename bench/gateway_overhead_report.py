@@ -48,6 +48,13 @@ def summary(rounds: list[dict[str, Any]]) -> dict[str, float]:
         "gateway_p99_ms": med(lambda r: r["gateway_half"]["p99_ms"]),
         "added_p99_ms": med(lambda r: r["gateway_half"]["p99_ms"] - r["direct_half"]["p99_ms"]),
         "gateway_cpu_us_per_req": med(lambda r: r["gateway_rps"]["gateway_cpu_us_per_req"]),
+        "gateway_cpu_share": med(
+            lambda r: r["gateway_rps"]["gateway_cpu_us_per_req"] * r["gateway_rps"]["rps"] / 1e6
+        ),
+        "load_cpu_us_per_req_direct": med(lambda r: r["direct_rps"]["load_cpu_us_per_req"]),
+        "load_cpu_us_per_req_gateway": med(lambda r: r["gateway_rps"]["load_cpu_us_per_req"]),
+        "load_cpu_share_direct": med(lambda r: r["direct_rps"]["load_cpu_share"]),
+        "load_cpu_share_gateway": med(lambda r: r["gateway_rps"]["load_cpu_share"]),
         "backend_cpu_us_per_req": med(lambda r: r["direct_rps"]["backend_cpu_us_per_req"]),
         "gateway_cpu_us_per_chunk": med(
             lambda r: r["gateway_stream"]["gateway_cpu_us_per_req"] / STREAM_CHUNKS
@@ -72,6 +79,10 @@ def _rows(label: str, s: dict[str, float]) -> list[str]:
         f"{'  CPU us/request (backend; gateway)':<34}{s['backend_cpu_us_per_req']:>12.0f}"
         f"{s['gateway_cpu_us_per_req']:>12.0f}"
         f"{s['gateway_cpu_us_per_req'] / s['backend_cpu_us_per_req']:>15.2f}x",
+        f"{'  load generator CPU us/request':<34}{s['load_cpu_us_per_req_direct']:>12.0f}"
+        f"{s['load_cpu_us_per_req_gateway']:>12.0f}",
+        f"{'  cores busy: load gen. | gateway':<34}{s['load_cpu_share_direct']:>12.2f}"
+        f"{s['load_cpu_share_gateway']:>12.2f}{s['gateway_cpu_share']:>16.2f}",
     ]
 
 
