@@ -269,13 +269,27 @@ def _tree_cpu_s(pid: int) -> float:
     return total
 
 
+def _machine_s() -> tuple[float, float]:
+    """(busy, idle) CPU seconds of the whole machine so far, all cores (Linux /proc/stat)."""
+    ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = ticks[3] + ticks[4]  # idle + iowait
+    hz = os.sysconf("SC_CLK_TCK")
+    return (sum(ticks[:8]) - idle) / hz, idle / hz
+
+
 WATCHED: dict[str, int] = {}  # role -> pid, whose CPU time (with its children's) runs record
 
 
 def _measure(url: str, mode: str, stream: bool, args: argparse.Namespace, rate: float = 0.0
              ) -> dict[str, Any]:  # fmt: skip
     before = {role: _tree_cpu_s(pid) for role, pid in WATCHED.items()}
+    busy0, idle0 = _machine_s()
     result = _run_load(url, mode, stream, args, rate)
+    busy1, idle1 = _machine_s()
+    # Cores the whole machine (other users too) had busy and idle over the run, warm-up and
+    # start-up included: idle near 0 means the run was bound by the machine's CPU.
+    wall_s = (busy1 - busy0 + idle1 - idle0) / (os.cpu_count() or 1)
+    result["machine_busy_cores"] = (busy1 - busy0) / wall_s if wall_s else None
     for role, pid in WATCHED.items():
         used = _tree_cpu_s(pid) - before[role]
         result[f"{role}_cpu_us_per_req"] = 1e6 * used / max(1, result["requests"])

@@ -55,6 +55,8 @@ def summary(rounds: list[dict[str, Any]]) -> dict[str, float]:
         "load_cpu_us_per_req_gateway": med(lambda r: r["gateway_rps"]["load_cpu_us_per_req"]),
         "load_cpu_share_direct": med(lambda r: r["direct_rps"]["load_cpu_share"]),
         "load_cpu_share_gateway": med(lambda r: r["gateway_rps"]["load_cpu_share"]),
+        "machine_busy_cores_direct": med(lambda r: r["direct_rps"]["machine_busy_cores"]),
+        "machine_busy_cores_gateway": med(lambda r: r["gateway_rps"]["machine_busy_cores"]),
         "backend_cpu_us_per_req": med(lambda r: r["direct_rps"]["backend_cpu_us_per_req"]),
         "gateway_cpu_us_per_chunk": med(
             lambda r: r["gateway_stream"]["gateway_cpu_us_per_req"] / STREAM_CHUNKS
@@ -83,6 +85,8 @@ def _rows(label: str, s: dict[str, float]) -> list[str]:
         f"{s['load_cpu_us_per_req_gateway']:>12.0f}",
         f"{'  cores busy: load gen. | gateway':<34}{s['load_cpu_share_direct']:>12.2f}"
         f"{s['load_cpu_share_gateway']:>12.2f}{s['gateway_cpu_share']:>16.2f}",
+        f"{'  machine cores busy (all users)':<34}{s['machine_busy_cores_direct']:>12.2f}"
+        f"{s['machine_busy_cores_gateway']:>12.2f}",
     ]
 
 
