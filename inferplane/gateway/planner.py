@@ -50,7 +50,7 @@ def plan_call(
     prompt = gw.router.prompt_keys(ctx.path, body, tried)
     decisions: dict[str, RouteDecision] = {}
     target_calls: dict[str, CallContext] = {}
-    num_ranked = 0
+    num_ranked, met = 0, False
     for target in tried:
         if admitted is not None and admitted.model == target and not prompt.num_tokens:
             call = admitted  # the same fields: no exact count, hence no block keys
@@ -60,21 +60,41 @@ def plan_call(
         gw.tracer.route(decision, target)
         decisions[target], target_calls[target] = decision, call
         num_ranked += len(decision.ranked)
-        met = any(d.ranked and d.ranked[0].meets_budget for d in decisions.values())
+        met = met or bool(decision.ranked and decision.ranked[0].meets_budget)
         if met and num_ranked > gw.retries:
             break
-    choice = choose_target(tuple(decisions), decisions, allow)
-    first = [choice.model] if choice.model is not None else []
+    if len(decisions) == 1:  # one target: choose_target would pick it when it has endpoints
+        ((target, decision),) = decisions.items()
+        order, reason = [target], decision.reason
+    else:
+        choice = choose_target(tuple(decisions), decisions, allow)
+        first = [choice.model] if choice.model is not None else []
+        order = first + [t for t in decisions if t != choice.model]
+        reason = _reason(choice, decisions)
+    candidates, calls = _candidates(gw, ctx, raw, body, order, decisions, target_calls)
+    return candidates, calls, reason
+
+
+def _candidates(
+    gw: Gateway,
+    ctx: RequestContext,
+    raw: bytes,
+    body: dict[str, Any],
+    order: list[str],
+    decisions: dict[str, RouteDecision],
+    target_calls: dict[str, CallContext],
+) -> tuple[list[Candidate], dict[str, CallContext]]:
+    """Each target's ranked endpoints in ``order``, with the body and call each is sent."""
     candidates: list[Candidate] = []
     calls: dict[str, CallContext] = {}
-    for target in first + [t for t in decisions if t != choice.model]:
+    for target in order:
         names = decisions[target].names()
         if names:
             data = upstream_body(raw, body, target, ctx.stream)
             for name in names:
                 candidates.append(Candidate(name, gw.tracker.info(name).url + ctx.path, data))
                 calls.setdefault(name, target_calls[target])
-    return candidates, calls, _reason(choice, decisions)
+    return candidates, calls
 
 
 def _reason(choice: TargetChoice, decisions: dict[str, RouteDecision]) -> str:

@@ -166,12 +166,13 @@ class Reliability:
         if est is None:
             view = self._tracker.view(endpoint, now)
             est = self.predictor.predict(view, ctx.model, ctx.num_prompt_tokens, now)
-        task = _current_task()
-        if task is not None and self.config.breaker.enabled:
-            total, num_tokens = None, ctx.max_tokens or 0
-            if num_tokens > 0:
-                total = est.raw_ttft_s + est.raw_tpot_s * (num_tokens - 1)
-            self._running[task] = _Running(endpoint, now, total, num_tokens)
+        num_tokens = ctx.max_tokens or 0
+        if num_tokens > 0 and self.config.breaker.enabled:
+            # Watched only with a predicted total: the overdue check skips the others.
+            total = est.raw_ttft_s + est.raw_tpot_s * (num_tokens - 1)
+            task = _current_task() if total else None
+            if task is not None:
+                self._running[task] = _Running(endpoint, now, total, num_tokens)
         return est.raw_ttft_s, est.raw_tpot_s
 
     def dispatch(self, endpoint: str) -> None:
@@ -185,7 +186,7 @@ class Reliability:
         if not self.config.breaker.enabled:
             return
         tbt_s, predicted_tbt_s = timing.tbt_s, timing.predicted_tbt_s
-        task = _current_task()
+        task = _current_task() if self._running else None
         running = None if task is None else self._running.pop(task, None)
         if running is not None and running.endpoint == endpoint and running.overdue:
             tbt_s = predicted_tbt_s = None  # its slowness is counted already
