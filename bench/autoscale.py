@@ -19,13 +19,19 @@ sizing policy, so the sizing is the only difference). Three ways to size the poo
 * ``queue-hpa``: production-stack's KEDA rule (REFERENCE section 5) as an HPA evaluates it:
   desired = ceil(waiting calls / 5 per replica), scale-down stabilised over the same window
   as the loop's (``--down-window-s``: the HPA's 300 s, compressed with the day), through the
-  same actuator (cold starts, drains).
+  same actuator (cold starts, drains); how it matches production-stack's ScaledObject is in
+  :class:`~inferplane.sim.scale_loop.QueueRule`;
+* ``queue-hpa-open`` (``--extra-arms queue-hpa-open``): the same rule with the admission gate
+  open (FCFS, the ``fcfs`` policy), as production-stack's router forwards every call: calls
+  inferplane's admission would refuse wait at the engines, where the rule sees them.
 
 Every replica costs from start to stop (warming and draining too). Reports SLO attainment
 (calls within their TTFT and end-to-end SLO, over calls that ended), GPU-hours, spend and cost
 per successful task, with PASS/MISS lines for the issue's targets: attainment within 1 point
 of ``peak`` at <= 0.6x its GPU-hours; better attainment than ``queue-hpa`` at equal or lower
-cost. Writes bench/results/autoscale-sim.json, .md and .png.
+cost per successful task (every replica-second paid, failed tasks' work included, over the
+tasks that succeeded; total GPU-hours and tasks failed are printed with it). Writes
+bench/results/autoscale-sim.json, .md and .png.
 
 Run: ``python bench/autoscale.py [--day-s 1800] [--users 60]``. The emulated-fleet version
 is ``bench/autoscale_emulated.py``; the fluid model of the same loop ``bench/autoscale_fluid.py``.
@@ -104,9 +110,10 @@ def run_policy(policy: str, replicas: int, args: argparse.Namespace) -> dict[str
         burst_prior=args.burst_prior, burst_max_factor=max(args.burst_prior, args.burst_max_factor)
     )
     sc = scenario(args)
-    mode = "off" if policy == "peak" else policy
+    mode = "off" if policy == "peak" else policy.removesuffix("-open")
+    gate = "fcfs" if policy.endswith("-open") else "inferplane"  # fcfs: no admission
     started = time.perf_counter()
-    sim = Simulation(sc, fleet_config(replicas, args), Path("."), "inferplane", autoscale=mode)
+    sim = Simulation(sc, fleet_config(replicas, args), Path("."), gate, autoscale=mode)
     result = sim.run()
     wall_s = time.perf_counter() - started
     end = result.end_s
@@ -159,6 +166,9 @@ def peak_replicas(measured: dict[str, Any]) -> tuple[int, dict[str, float]]:
 
 
 def verdicts(by: dict[str, dict[str, Any]]) -> list[str]:
+    """The issue's two targets. Cost against queue-hpa is cost per successful task: every
+    replica-second paid (failed tasks' partial work included) over the tasks that succeeded;
+    total GPU-hours are printed next to it (a loop that fails tasks spends less in total)."""
     ip, peak, hpa = by["inferplane"], by["peak"], by["queue-hpa"]
     gap = 100 * (peak["slo_attainment"] - ip["slo_attainment"])
     ratio = ip["gpu_hours"] / peak["gpu_hours"]
@@ -166,14 +176,17 @@ def verdicts(by: dict[str, dict[str, Any]]) -> list[str]:
     better = ip["slo_attainment"] > hpa["slo_attainment"]
     ip_cost, hpa_cost = ip["cost_per_successful_task_usd"], hpa["cost_per_successful_task_usd"]
     cheaper = ip_cost is not None and (hpa_cost is None or ip_cost <= hpa_cost)
+    ip_tasks, hpa_tasks = (f"{r['tasks'].get('success', 0)}/{r['tasks'].get('failure', 0)}"
+                           for r in (ip, hpa))  # fmt: skip
     return [
         f"{'PASS' if first else 'MISS'}: attainment {gap:+.2f} points below peak (<= 1) at "
         f"{ratio:.2f}x its GPU-hours (<= 0.6)",
         f"{'PASS' if better and cheaper else 'MISS'}: attainment "
         f"{100 * ip['slo_attainment']:.2f}% vs queue-hpa {100 * hpa['slo_attainment']:.2f}% "
         f"at ${ip_cost or 0:.4f} vs ${hpa_cost or 0:.4f} per successful task (better, at equal "
-        f"or lower cost per successful task; total spend ${ip['spend_usd']:.2f} vs "
-        f"${hpa['spend_usd']:.2f})",
+        f"or lower cost per successful task); in total {ip['gpu_hours']:.2f} vs "
+        f"{hpa['gpu_hours']:.2f} GPU-hours, ${ip['spend_usd']:.2f} vs ${hpa['spend_usd']:.2f}, "
+        f"tasks ok/failed {ip_tasks} vs {hpa_tasks}",
     ]
 
 
@@ -244,10 +257,15 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     parser.add_argument("--tag", default="", help="suffix of the result files' names")
     parser.add_argument(
+        "--extra-arms", nargs="*", default=[], choices=["queue-hpa-open"],
+        help="arms reported next to the three (queue-hpa-open: the rule behind no admission)",
+    )  # fmt: skip
+    parser.add_argument(
         "--burst-prior",
         type=float,
-        default=1.0,
-        help="burst factor the loop's reserve covers before one is seen",
+        default=8.0,
+        help="burst over the quiet demand the loop's reserve covers before one is seen (at "
+        "most one replica over need; 1: none); the emulated bench's default too",
     )
     parser.add_argument(
         "--burst-max-factor",
@@ -258,13 +276,13 @@ def main() -> None:
     args = parser.parse_args()
     with ProcessPoolExecutor(args.jobs) as pool:
         scaled = [pool.submit(run_policy, p, args.min_replicas, args)
-                  for p in ("inferplane", "queue-hpa")]  # fmt: skip
+                  for p in ("inferplane", "queue-hpa", *args.extra_arms)]  # fmt: skip
         given = (
             pool.submit(run_policy, "peak", args.peak_replicas, args)
             if args.peak_replicas
             else None
         )
-        ip, hpa = (f.result() for f in scaled)
+        ip, hpa, *extra = (f.result() for f in scaled)
     n, sizing = peak_replicas(ip)
     n = args.peak_replicas or n
     peak = run_policy("peak", n, args) if given is None else given.result()
@@ -276,9 +294,12 @@ def main() -> None:
             break
         n, sizing = again, again_sizing
         peak = run_policy("peak", n, args)
-    results = [ip, peak, hpa]
+    results = [ip, peak, hpa, *extra]
     by = {r["policy"]: r for r in results}
     lines = verdicts(by)
+    if "queue-hpa-open" in by:  # the same rule behind no admission, as production-stack runs
+        lines += [v.replace("queue-hpa", "queue-hpa-open")
+                  for v in verdicts({**by, "queue-hpa": by["queue-hpa-open"]})[1:]]  # fmt: skip
     text = table(results)
     print(text)
     print(f"peak fleet: {n} x H100 ({sizing})")

@@ -15,7 +15,10 @@ other, same seed:
 * ``peak``: ``--peak-replicas`` warm engines and no loop (0: the loop's sizing rule applied
   to the peak work rate the inferplane arm measured);
 * ``queue-hpa``: production-stack's KEDA rule on waiting calls as an HPA evaluates it
-  (``bench/autoscale_hpa.py``), one warm engine at start, through the same embedded fleet.
+  (``bench/autoscale_hpa.py``), one warm engine at start, through the same embedded fleet;
+* ``queue-hpa-open``: the same rule with the gateway's admission off (``fcfs``), as
+  production-stack's router forwards every call: calls inferplane's admission would refuse
+  wait at the engines, where the rule sees them.
 
 ``--arms`` picks the arms to run now; each arm's result is saved apart
 (``autoscale-emulated[-TAG]-ARM.json``) and the report covers every arm saved under the tag,
@@ -191,6 +194,7 @@ async def run_arm(arm: str, replicas: int, args: argparse.Namespace) -> dict[str
         {"gateway": {"auth": {"mode": "anonymous"}, "log_requests": False,
                      "scrape_interval_s": 0.5, "health_interval_s": 0.5},
          "reliability": {"breaker": {"enabled": args.outlier_ejection}},
+         "admission": {"mode": "fcfs" if arm == "queue-hpa-open" else "inferplane"},
          "endpoints": [fleet.endpoint_config(s) for s in slots]}
     )  # fmt: skip
     gateway = Gateway(config)
@@ -206,7 +210,7 @@ async def run_arm(arm: str, replicas: int, args: argparse.Namespace) -> dict[str
     url = f"http://127.0.0.1:{port}"
     try:
         await _ready(gateway, [s.name for s in slots[:replicas]])
-        if arm == "queue-hpa":
+        if arm.startswith("queue-hpa"):
             hpa.start()
         driver = Driver(url, args)
         series: list[tuple[float, int, int, str]] = []  # (t, started, ready, states)
@@ -216,7 +220,7 @@ async def run_arm(arm: str, replicas: int, args: argparse.Namespace) -> dict[str
         elapsed = time.monotonic() - started
         sampler.cancel()
         decisions = app[CONTROLLER_KEY]["ctl"].snapshot() if arm == "inferplane" else []
-        decisions = hpa.decisions if arm == "queue-hpa" else decisions
+        decisions = hpa.decisions if arm.startswith("queue-hpa") else decisions
     finally:
         await hpa.stop()
         await runner.cleanup()
@@ -314,7 +318,7 @@ async def main_async(args: argparse.Namespace) -> None:
             result = await run_arm(arm, 1, args)
         result.update(args=vars(args), load_before=load_before, load_after=os.getloadavg())
         (RESULTS / f"{stem}-{arm}.json").write_text(json.dumps(result, indent=1))
-    order = ("inferplane", "queue-hpa", "peak")
+    order = ("inferplane", "queue-hpa", "queue-hpa-open", "peak")
     by = {
         a: json.loads(p.read_text()) for a in order if (p := RESULTS / f"{stem}-{a}.json").exists()
     }
@@ -357,7 +361,8 @@ def main() -> None:
     parser.add_argument(
         "--arms",
         default="inferplane,peak",
-        help="comma-separated arms to run now: inferplane, peak, queue-hpa (none: report only)",
+        help="comma-separated arms to run now: inferplane, peak, queue-hpa, queue-hpa-open "
+        "(none: report only)",
     )
     parser.add_argument("--tag", default="", help="suffix of the result files' names")
     parser.add_argument(

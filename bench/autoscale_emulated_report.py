@@ -71,12 +71,18 @@ def verdicts(by: dict[str, dict[str, Any]]) -> list[str]:
         ratio = ip["gpu_hours"] / peak["gpu_hours"]
         out.append(f"{'PASS' if gap <= 1 and ratio <= 0.6 else 'MISS'}: attainment {gap:+.2f} "
                    f"points below peak (<= 1) at {ratio:.3f}x its GPU-hours (<= 0.6)")  # fmt: skip
-    if ip and hpa:
+    if ip and hpa:  # cost: all spend (failed tasks' partial work too) over tasks that succeeded
         a, b = ip["slo_attainment"] or 0, hpa["slo_attainment"] or 0
         ca, cb = ip["cost_per_successful_task_usd"], hpa["cost_per_successful_task_usd"]
         ok = a > b and ca is not None and (cb is None or ca <= cb)
         out.append(f"{'PASS' if ok else 'MISS'}: attainment {100 * a:.2f}% vs queue-hpa "
                    f"{100 * b:.2f}% at ${ca or 0:.5f} vs ${cb or 0:.5f} per successful task "
-                   f"(better, at equal or lower cost; total spend ${ip['spend_usd']:.3f} vs "
-                   f"${hpa['spend_usd']:.3f})")  # fmt: skip
+                   f"(better, at equal or lower cost per successful task); in total "
+                   f"{ip['gpu_hours']:.3f} vs {hpa['gpu_hours']:.3f} GPU-hours, "
+                   f"${ip['spend_usd']:.3f} vs ${hpa['spend_usd']:.3f}, tasks ok/failed "
+                   f"{ip['tasks_ok']}/{ip['tasks_failed']} vs "
+                   f"{hpa['tasks_ok']}/{hpa['tasks_failed']}")  # fmt: skip
+    if ip and "queue-hpa-open" in by:  # the rule behind no admission, as production-stack runs
+        again = verdicts({"inferplane": ip, "queue-hpa": by["queue-hpa-open"]})
+        out += [v.replace("queue-hpa", "queue-hpa-open") for v in again]
     return out

@@ -42,13 +42,13 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from inferplane.core.autoscale_plan import capacity as _capacity
 from inferplane.core.autoscale_plan import cheapest_for as _cheapest_for
 from inferplane.core.autoscale_plan import grow as _grow
 from inferplane.core.autoscale_plan import shrink as _shrink
-from inferplane.core.autoscale_reserve import BurstReserve
+from inferplane.core.autoscale_reserve import BurstReserve, slow_baseline
 from inferplane.core.autoscale_surge import surge_rate
 from inferplane.core.forecast import Forecast, HoltForecast, ScheduleForecast
 
@@ -106,11 +106,15 @@ class PoolPolicy:
     surge_max_factor: float = 2.0  # a surge extrapolates to at most this x the observed rate
     surge_windows: int = 4  # windows the surge's slope is fitted over (least squares)
     early_surge_z: float = 3.5  # a window not yet due this far over the forecast: tick now
-    burst_prior: float = 1.0  # burst factor the reserve covers before one is seen (1: none)
+    burst_prior: float = 1.0  # burst over the quiet demand the reserve covers (1: none)
     # Half-life of the learned burst factor (None: twice scale_down_window_s, the time the
     # loop holds a peak's capacity; a day compressed for a bench compresses both alike).
     burst_memory_s: float | None = None
     burst_max_factor: float = 8.0  # the learned factor's cap
+    # The quiet demand the prior scales is the lowest slow baseline over this window (None:
+    # 288 x scale_down_window_s, a day at the default window: the day's trough).
+    quiet_window_s: float | None = None
+    reserve_max_replicas: int = 1  # the prior's reserve: at most this many replicas over need
     burst_z: float = 2.0  # a window's count is read at its Poisson lower bound, z sigmas down
     reserve_utilisation: float = 1.0  # the reserve may run this hot until the loop catches up
     reserve_baseline_s: float = 60.0  # time constant of the slow demand the reserve scales
@@ -130,10 +134,13 @@ class PoolPolicy:
             raise ValueError(f"pool {self.pool!r}: surge_windows >= 2")
         if not 1 <= self.burst_prior <= self.burst_max_factor or self.memory_s < 0:
             raise ValueError(f"pool {self.pool!r}: need 1 <= burst_prior <= burst_max_factor")
+        if self.quiet_s < 0:
+            raise ValueError(f"pool {self.pool!r}: quiet_window_s >= 0")
         if (
             not 0 < self.reserve_utilisation <= 1
             or self.burst_z < 0
             or self.reserve_baseline_s <= 0
+            or self.reserve_max_replicas < 0
         ):
             raise ValueError(f"pool {self.pool!r}: reserve_utilisation in (0, 1], burst_z >= 0")
 
@@ -143,6 +150,13 @@ class PoolPolicy:
         if self.burst_memory_s is None:
             return 2.0 * self.scale_down_window_s
         return self.burst_memory_s
+
+    @property
+    def quiet_s(self) -> float:
+        """The window over which the quiet demand is the lowest baseline."""
+        return (
+            288.0 * self.scale_down_window_s if self.quiet_window_s is None else self.quiet_window_s
+        )
 
     def option(self, gpu: str) -> GpuOption | None:
         return next((o for o in self.options if o.gpu == gpu), None)
@@ -264,7 +278,7 @@ def _decide_pool(
     need = demand / policy.target_utilisation + signal.backlog_tokens / policy.backlog_drain_s
     capacity = _capacity(policy, current)
     reasons = [f"demand {demand:.0f} tok/s (horizon {horizon_s:.0f} s)"]
-    reserve, slow, base, spare = _reserve(policy, signal, memory, forecast, horizon_s)
+    reserve, slow, base, spare = _reserve(policy, signal, memory, forecast, horizon_s, need)
     if spare / policy.reserve_utilisation > need:
         need = spare / policy.reserve_utilisation
         reasons.append(f"burst reserve {spare:.0f} tok/s (x{spare / max(base, 1e-9):.1f})")
@@ -298,59 +312,52 @@ def _decide_pool(
     return decision, _PoolMemory(holt, needs[-256:], last_up, rates, reserve, slow)
 
 
-#: The reserve's slow baseline takes a window's rate at most this many times its own
-#: expectation: a burst must not inflate the demand the next burst is sized from. A lasting
-#: rise still comes through, about 4% a 5 s window at the 60 s time constant (so a pool that
-#: starts idle builds its baseline over minutes; its first window is taken as it is).
-BASELINE_CLIP = 1.5
-
-
 def _reserve(
     policy: PoolPolicy,
     signal: PoolSignal,
     memory: _PoolMemory,
     forecast: Forecast,
     horizon_s: float,
+    need: float,
 ) -> tuple[BurstReserve, HoltForecast, float, float]:
     """The reserve after this window, its slow baseline, the demand it scales (the slow
-    baseline, never above the forecast) and the spare demand (tokens/s) it should carry."""
+    baseline, never above the forecast) and the spare demand (tokens/s) it should carry (the
+    prior's part at most ``reserve_max_replicas`` replicas over ``need``)."""
     now = signal.now_s
     reserve = _observe_reserve(policy, signal, memory)
-    alpha = 1.0 - math.exp(-signal.window_s / policy.reserve_baseline_s)
-    old = memory.slow
-    rate = signal.tokens_per_s
-    if old.at_s is not None and signal.requests > 0:
-        per_call_s = signal.tokens / signal.requests / signal.window_s  # one call's tok/s
-        expected = max(old.level, old.predict(now)) / per_call_s  # calls in the window
-        # At most BASELINE_CLIP x the calls expected, or their Poisson noise (2 sigmas up;
-        # a baseline near 0 must still be able to grow).
-        most = max(BASELINE_CLIP * expected, (math.sqrt(expected) + 1.0) ** 2)
-        rate = min(rate, most * per_call_s)
-    slow = replace(old, alpha=alpha, beta=alpha / 4).update(rate, now)
+    slow = slow_baseline(
+        memory.slow, tokens=signal.tokens, requests=signal.requests, window_s=signal.window_s,
+        now_s=now, time_constant_s=policy.reserve_baseline_s,
+    )  # fmt: skip
     ahead = now + horizon_s
     base = min(slow.peak_tokens_per_s(now, ahead), forecast.peak_tokens_per_s(now, ahead))
-    prior, memory_s = policy.burst_prior, policy.memory_s
-    return (
-        reserve,
-        slow,
-        base,
-        reserve.reserve_tokens_per_s(base, now, prior=prior, memory_s=memory_s),
+    cap = need + policy.reserve_max_replicas * _cheapest_for(policy, 1.0).tokens_per_s
+    spare = reserve.reserve_tokens_per_s(
+        base, now, prior=policy.burst_prior, memory_s=policy.memory_s, prior_cap_tokens_per_s=cap
     )
+    return reserve, slow, base, spare
 
 
 def _observe_reserve(policy: PoolPolicy, signal: PoolSignal, memory: _PoolMemory) -> BurstReserve:
     """The burst reserve after this window, against the slow baseline's rate (a burst is
     measured from the demand it rose from; a noisy fast forecast would make noise a burst)."""
-    holt = memory.slow if memory.slow.at_s is not None else memory.forecast
+    slow = memory.slow.at_s is not None
+    holt = memory.slow if slow else memory.forecast
+    baseline = max(holt.level, holt.predict(signal.now_s))
+    since = memory.reserve.since_s
+    # The slow baseline stands for the quiet demand once it has settled (a time constant).
+    settled = since is not None and signal.now_s - since >= policy.reserve_baseline_s
     return memory.reserve.observe(
         requests=signal.requests,
         tokens=signal.tokens,
         window_s=signal.window_s,
         now_s=signal.now_s,
-        baseline_tokens_per_s=max(holt.level, holt.predict(signal.now_s)),
+        baseline_tokens_per_s=baseline,
         memory_s=policy.memory_s,
         z=policy.burst_z,
         max_factor=policy.burst_max_factor,
+        quiet_window_s=policy.quiet_s,
+        quiet_tokens_per_s=baseline if slow and settled else None,
     )
 
 

@@ -67,6 +67,17 @@ class QueueRule:
     immediate, scale-down follows the largest desired count of the stabilisation window
     (the HPA's default 300 s; None: the pool's ``scale_down_window_s``, the window the core's
     loop uses, so a compressed day compresses both alike). One GPU type: the pool's first.
+
+    Against production-stack's tutorial ScaledObject (``tutorials/assets/values-20-keda.yaml``:
+    threshold 5, ``pollingInterval`` 15 s, ``minReplicaCount`` 1, ``cooldownPeriod`` 360 s):
+    the threshold and minimum are the same; polling is the body's tick (15 s by default,
+    the benches' own tick when they compress the day); ``cooldownPeriod`` only delays the
+    last replica's removal to zero, which a minimum of 1 never does. Waiting calls are summed
+    over the engines (the tutorial's query leaves one series per engine) plus the calls
+    queued at the gateway's gate, which would wait at the engines without it. Not modelled,
+    both in the rule's favour: the HPA's 10% tolerance and its scale-up rate limit (4 pods or
+    100% per 15 s). Behind inferplane's admission, calls it refuses never become waiting
+    calls: the rule sees the overload only as it queues.
     """
 
     target_waiting_per_replica: float = 5.0

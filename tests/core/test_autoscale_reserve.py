@@ -112,14 +112,55 @@ def test_no_flapping_under_steady_load_with_a_reserve(
 def test_a_prior_keeps_warm_capacity_for_a_burst_of_its_size(
     calls_per_s: float, prior: float
 ) -> None:
-    loop = _loop(_policy(burst_prior=prior), seed=0)
-    loop.run([calls_per_s] * 30, exact=True)
+    uncapped = _loop(_policy(burst_prior=prior, reserve_max_replicas=40), seed=0)
+    uncapped.run([calls_per_s] * 30, exact=True)
     # The step comes: the capacity already serving carries it (reserve_utilisation 1).
     observed = round(calls_per_s * TICK_S) / TICK_S * TOKENS_PER_CALL
-    assert loop.ready_tokens_per_s >= prior * observed * 0.999
+    assert uncapped.ready_tokens_per_s >= prior * observed * 0.999
     plain = _loop(_policy(), seed=0)
     plain.run([calls_per_s] * 30, exact=True)
-    assert loop.ready_tokens_per_s >= plain.ready_tokens_per_s
+    # By default the prior holds at most one replica over the plain loop's size.
+    capped = _loop(_policy(burst_prior=prior), seed=0)
+    capped.run([calls_per_s] * 30, exact=True)
+    one = H100.tokens_per_s
+    assert plain.ready_tokens_per_s <= capped.ready_tokens_per_s
+    assert capped.ready_tokens_per_s <= plain.ready_tokens_per_s + one
+    assert capped.ready_tokens_per_s >= min(
+        prior * observed * 0.999, plain.ready_tokens_per_s + one
+    )
+
+
+def test_the_prior_scales_the_quiet_demand_not_the_demand_now() -> None:
+    # A quiet hour at 3 calls/s, then demand climbs smoothly (no window a surge or a burst)
+    # to 7x: the prior of 5 keeps warm capacity for 5x the quiet demand; at the top the
+    # demand's own need is larger and the reserve adds nothing (a prior on the demand now
+    # would ask for 5x the top).
+    quiet, top = 3.0, 21.0
+    rates = [quiet] * 30 + [quiet + (top - quiet) * i / 120 for i in range(120)] + [top] * 30
+    tuned = _loop(_policy(burst_prior=5.0), seed=0).run(rates, exact=True)
+    plain = _loop(_policy(burst_max_factor=1.0), seed=0).run(rates, exact=True)
+    assert tuned[29].desired_total * H100.tokens_per_s >= 5.0 * quiet * TOKENS_PER_CALL
+    assert tuned[29].desired_total > plain[29].desired_total
+    assert [d.desired_total for d in tuned[-10:]] == [d.desired_total for d in plain[-10:]]
+
+
+def test_the_quiet_demand_is_the_lowest_baseline_over_its_window() -> None:
+    r = BurstReserve()
+    for t, rate in ((0.0, 5e3), (100.0, 2e3), (200.0, 9e3), (360.0, 9e3)):
+        r = r.observe(
+            requests=0, tokens=0.0, window_s=5.0, now_s=t, baseline_tokens_per_s=rate,
+            memory_s=60.0, z=2.0, max_factor=8.0, quiet_window_s=240.0,
+            quiet_tokens_per_s=rate,
+        )  # fmt: skip
+        if t == 200.0:
+            assert r.quiet_tokens_per_s == 2e3
+    assert r.quiet_tokens_per_s == 9e3  # the 2e3 of t = 100 s is over 240 s old at 360 s
+    # The prior scales the quiet demand (never above the demand now), capped as asked.
+    assert r.reserve_tokens_per_s(3e4, 360.0, prior=3.0, memory_s=60.0) == pytest.approx(2.7e4)
+    assert r.reserve_tokens_per_s(4e3, 360.0, prior=3.0, memory_s=60.0) == pytest.approx(1.2e4)
+    capped = r.reserve_tokens_per_s(3e4, 360.0, prior=3.0, memory_s=60.0,
+                                    prior_cap_tokens_per_s=1e4)  # fmt: skip
+    assert capped == pytest.approx(1e4)
 
 
 def test_a_burst_seen_once_leaves_a_reserve_for_the_next_then_shrinks() -> None:
@@ -149,6 +190,8 @@ def test_reserve_settings_are_validated() -> None:
         {"reserve_utilisation": 0.0},
         {"reserve_utilisation": 1.5},
         {"burst_z": -1.0},
+        {"quiet_window_s": -1.0},
+        {"reserve_max_replicas": -1},
     ):
         with pytest.raises(ValueError):
             _policy(**bad)
