@@ -15,7 +15,7 @@ of the scheduler: it works on the scheduler's own state. Pure: times are argumen
 
 from __future__ import annotations
 
-from inferplane.engine.generation import tail_of
+from inferplane.engine.generation import open_block
 from inferplane.engine.scheduler import Scheduler
 from inferplane.engine.sequence import SeqStatus, Sequence, StepPlan
 from inferplane.engine.types import EOS_TOKEN_ID, BlockRemoved, EngineEvent
@@ -62,25 +62,21 @@ def run_decode_stretch(sched: Scheduler, ends: list[float], events: list[EngineE
     running = list(sched.running)
     gen = sched._gen
     num_steps = len(ends)
-    drawn: list[tuple[list[int], int, int]] = []
+    drawn: list[tuple[list[int], int]] = []
     for seq in running:
-        tail = tail_of(seq.token_ids)
-        tokens, chain, h = gen.run(
-            seq.gen_chain, seq.gen_hash, tail, num_steps, seq.request.ignore_eos
-        )
+        block = open_block(seq.token_ids)
+        tokens, chain = gen.run(seq.gen_chain, block, num_steps, seq.request.ignore_eos)
         if tokens[-1] == EOS_TOKEN_ID and len(tokens) - 1 < num_steps:
             num_steps = len(tokens) - 1  # that sequence stops in this step: end before it
             if num_steps < 2:
                 return 0
-        drawn.append((tokens, chain, h))
-    for seq, (tokens, chain, h) in zip(running, drawn, strict=True):
+        drawn.append((tokens, chain))
+    for seq, (tokens, chain) in zip(running, drawn, strict=True):
         if len(tokens) > num_steps:
-            tail = tail_of(seq.token_ids)
-            tokens, chain, h = gen.run(
-                seq.gen_chain, seq.gen_hash, tail, num_steps, seq.request.ignore_eos
-            )
+            block = open_block(seq.token_ids)
+            tokens, chain = gen.run(seq.gen_chain, block, num_steps, seq.request.ignore_eos)
         seq.token_ids.extend(tokens)
-        seq.gen_chain, seq.gen_hash = chain, h
+        seq.gen_chain = chain
     _apply_kv(sched, running, ends[:num_steps], events)
     return num_steps
 

@@ -3,46 +3,48 @@
 An emulated model has no weights, yet its output must behave like greedy decoding: the
 same context gives the same continuation on every replica. That property is what makes
 mid-stream failover testable: a request whose prompt is the original prompt plus the first
-N generated tokens must produce exactly the remaining tokens of the uninterrupted run.
+N generated tokens must produce exactly the remaining tokens of the uninterrupted run. Any
+rule that draws the next token from the context alone has it; this one is chosen so that
+neither a prompt nor an answer costs Python arithmetic per token (the simulator's largest
+per-call costs were folding prompts and drawing answers token by token).
 
-The context is hashed in blocks of ``GEN_BLOCK_TOKENS`` tokens, each full block chained on
-the one before (``chain' = hash((chain, block))``: CPython's tuple hash, the same in every
-process, run in C), and the tokens after the last full block are folded into the chain one
-at a time (``h' = mix(h, token)``). A context built in one piece (a prompt) therefore hashes
-exactly like one built token by token (a prompt plus generated tokens), extending it costs
-O(1) per token, and a whole prompt costs one tuple hash per block instead of Python
-arithmetic per token (a 1,000-token prompt: ~30 us instead of ~300 us, the simulator's
-largest per-call cost). The next token and the EOS decision are drawn from a finaliser of
-the hash. The hash does not depend on the engine's KV-cache seed, so two engines agree.
-
-A generation state is ``(chain, h)``: the chain over the full blocks and the hash of the
-whole context; ``h == chain`` when the context ends on a block boundary.
+The context is cut into blocks of ``GEN_BLOCK_TOKENS`` tokens. Full blocks are chained,
+``chain' = hash((chain, block))`` (CPython's tuple hash of ints: the same in every process,
+run in C), so a 1,000-token prompt costs ~60 tuple hashes. Each chain value owns one *block
+draw*: ``GEN_BLOCK_TOKENS`` uniform 64-bit values from SHAKE-128 of the chain, one C call.
+The next token after a context whose open block (the tokens after its last full block) is
+the first ``r`` tokens the chain's draw spells (always so after a block boundary) is spelled
+by draw ``r``; after any other open block (a prompt that ends mid-block, and the tokens
+generated until that block fills) it comes from the splitmix64 finaliser of
+``hash((chain, open block))``. A draw ``z`` spells EOS when EOS is allowed and its high 32
+bits fall under ``2**32 / mean_output_tokens`` (EOS with probability 1 / mean per token),
+else text token ``FIRST_TEXT_TOKEN_ID + (z mod 2**32) mod (text tokens)``. The rule does not
+depend on the engine's KV-cache seed, so two engines agree.
 """
 
 from __future__ import annotations
 
+import hashlib
+import struct
 from collections.abc import Iterable, Sequence
 
 from inferplane.engine.types import EOS_TOKEN_ID, FIRST_TEXT_TOKEN_ID, VOCAB_SIZE
 
 _MASK64 = (1 << 64) - 1
-_SEED = 0x243F6A8885A308D3  # the hash of the empty context (pi's fractional bits)
-_MUL_FOLD = 0x9E3779B97F4A7C15  # golden-ratio odd constant
+_MASK32 = (1 << 32) - 1
+_SEED = 0x243F6A8885A308D3  # the chain of the empty context (pi's fractional bits)
 _MUL_A = 0xBF58476D1CE4E5B9  # splitmix64 finaliser constants
 _MUL_B = 0x94D049BB133111EB
 _NUM_TEXT_TOKENS = VOCAB_SIZE - FIRST_TEXT_TOKEN_ID
-#: Tokens per chained block of the context hash (independent of the KV cache's block size).
+#: Tokens per chained block of the context (independent of the KV cache's block size).
 GEN_BLOCK_TOKENS = 16
+_UNPACK = struct.Struct(f"<{2 * GEN_BLOCK_TOKENS}I").unpack
+_DRAW_MEMO_MAX = 1 << 14  # block draws kept (~17 MiB at most): a cache of a pure function
+_draw_memo: dict[int, tuple[list[int], tuple[int, ...]]] = {}
 
 
-def empty_context_hash() -> int:
+def empty_chain() -> int:
     return _SEED
-
-
-def mix(context_hash: int, token_id: int) -> int:
-    """The hash of a context extended by one token that does not complete a block."""
-    h = ((context_hash ^ token_id) * _MUL_FOLD + token_id + 1) & _MASK64
-    return h ^ (h >> 31)
 
 
 def chain_block(chain: int, block: Sequence[int]) -> int:
@@ -50,33 +52,45 @@ def chain_block(chain: int, block: Sequence[int]) -> int:
     return hash((chain, tuple(block))) & _MASK64
 
 
-def context_state(token_ids: Sequence[int]) -> tuple[int, int]:
-    """``(chain, h)`` of a whole context: the chain over its full blocks, and its hash."""
+def context_chain(token_ids: Sequence[int]) -> int:
+    """The chain over the full blocks of a context (its open block is ``open_block``)."""
     size = GEN_BLOCK_TOKENS
-    full = len(token_ids) - len(token_ids) % size
     chain = _SEED
-    for start in range(0, full, size):
+    for start in range(0, len(token_ids) - size + 1, size):
         chain = hash((chain, tuple(token_ids[start : start + size]))) & _MASK64
-    h = chain
-    for token_id in token_ids[full:]:
-        h = ((h ^ token_id) * _MUL_FOLD + token_id + 1) & _MASK64
-        h ^= h >> 31
-    return chain, h
+    return chain
 
 
-def context_hash(token_ids: Sequence[int]) -> int:
-    """The hash of a whole context (what the next token is drawn from)."""
-    return context_state(token_ids)[1]
+def open_block(token_ids: Sequence[int]) -> Sequence[int]:
+    """The tokens of a context after its last full block (fewer than a block)."""
+    return token_ids[len(token_ids) - len(token_ids) % GEN_BLOCK_TOKENS :]
 
 
-def _finalise(context_hash: int) -> int:
-    z = ((context_hash ^ (context_hash >> 30)) * _MUL_A) & _MASK64
+def block_draw(chain: int) -> tuple[list[int], tuple[int, ...]]:
+    """The chain's draw: the text token each of its values spells, and their high halves
+    (the EOS test). Memoised; the lists are shared, do not mutate them."""
+    found = _draw_memo.get(chain)
+    if found is None:
+        words = _UNPACK(hashlib.shake_128(chain.to_bytes(8, "little")).digest(8 * GEN_BLOCK_TOKENS))
+        texts = [FIRST_TEXT_TOKEN_ID + w % _NUM_TEXT_TOKENS for w in words[0::2]]
+        found = (texts, words[1::2])
+        if len(_draw_memo) >= _DRAW_MEMO_MAX:
+            _draw_memo.clear()
+        _draw_memo[chain] = found
+    return found
+
+
+def _off_draw(chain: int, block: Sequence[int]) -> tuple[int, int]:
+    """(text token, high half) after an open block that is not the chain's own draw."""
+    h = hash((chain, tuple(block))) & _MASK64
+    z = ((h ^ (h >> 30)) * _MUL_A) & _MASK64
     z = ((z ^ (z >> 27)) * _MUL_B) & _MASK64
-    return z ^ (z >> 31)
+    z ^= z >> 31
+    return FIRST_TEXT_TOKEN_ID + (z & _MASK32) % _NUM_TEXT_TOKENS, z >> 32
 
 
 class TokenGenerator:
-    """Draws the next token from a context hash; EOS with probability 1/mean_output_tokens."""
+    """Draws the next token of a context; EOS with probability 1/mean_output_tokens."""
 
     __slots__ = ("_eos_threshold",)
 
@@ -85,79 +99,67 @@ class TokenGenerator:
             raise ValueError(f"mean_output_tokens must be >= 1, got {mean_output_tokens}")
         self._eos_threshold = (1 << 32) // mean_output_tokens
 
-    def next_token(self, context_hash: int, *, ignore_eos: bool = False) -> int:
-        """The greedy next token after the context whose hash is ``context_hash``."""
-        z = _finalise(context_hash)
-        if not ignore_eos and (z >> 32) < self._eos_threshold:
-            return EOS_TOKEN_ID
-        return FIRST_TEXT_TOKEN_ID + (z & 0xFFFFFFFF) % _NUM_TEXT_TOKENS
-
-    def extend(
-        self, chain: int, context_hash: int, tokens: list[int], ignore_eos: bool
-    ) -> tuple[int, int, int]:
-        """Draw the next token after ``tokens`` (the whole context, in state ``(chain,
-        context_hash)``), append it, and return it with the new state (the hot path)."""
-        h = context_hash
-        z = ((h ^ (h >> 30)) * _MUL_A) & _MASK64
-        z = ((z ^ (z >> 27)) * _MUL_B) & _MASK64
-        z ^= z >> 31
-        if not ignore_eos and (z >> 32) < self._eos_threshold:
-            token = EOS_TOKEN_ID
+    def next_token(self, chain: int, block: Sequence[int], *, ignore_eos: bool = False) -> int:
+        """The greedy next token after a context with ``chain`` and open ``block``."""
+        texts, highs = block_draw(chain)
+        r = len(block)
+        if list(block) == texts[:r]:
+            text, high = texts[r], highs[r]
         else:
-            token = FIRST_TEXT_TOKEN_ID + (z & 0xFFFFFFFF) % _NUM_TEXT_TOKENS
+            text, high = _off_draw(chain, block)
+        return EOS_TOKEN_ID if not ignore_eos and high < self._eos_threshold else text
+
+    def extend(self, chain: int, tokens: list[int], ignore_eos: bool) -> tuple[int, int]:
+        """Draw the next token after ``tokens`` (the whole context; ``chain`` over its full
+        blocks), append it, and return it with the chain after it (the stepping path)."""
+        token = self.next_token(chain, open_block(tokens), ignore_eos=ignore_eos)
         tokens.append(token)
         if len(tokens) % GEN_BLOCK_TOKENS:
-            h = ((h ^ token) * _MUL_FOLD + token + 1) & _MASK64
-            return token, chain, h ^ (h >> 31)
-        chain = hash((chain, tuple(tokens[-GEN_BLOCK_TOKENS:]))) & _MASK64
-        return token, chain, chain
+            return token, chain
+        return token, hash((chain, tuple(tokens[-GEN_BLOCK_TOKENS:]))) & _MASK64
 
     def run(
-        self, chain: int, context_hash: int, tail: Sequence[int], num_tokens: int, ignore_eos: bool
-    ) -> tuple[list[int], int, int]:
-        """Up to ``num_tokens`` successive tokens after a context in state ``(chain,
-        context_hash)`` whose tokens after its last full block are ``tail``; the tokens and
-        the state after the last. Stops after an EOS (included). One call for a sequence's
-        stretch of decode steps: the same tokens and state as ``extend`` one at a time."""
+        self, chain: int, block: Sequence[int], num_tokens: int, ignore_eos: bool
+    ) -> tuple[list[int], int]:
+        """Up to ``num_tokens`` successive tokens after a context with ``chain`` and open
+        ``block``, and the chain after the last; stops after an EOS (included). The same
+        tokens as ``extend`` one at a time, a block draw at a time where it can."""
         threshold = -1 if ignore_eos else self._eos_threshold
         size = GEN_BLOCK_TOKENS
-        h = context_hash
-        block = list(tail)
+        current = list(block)
         out: list[int] = []
-        for _ in range(num_tokens):
-            z = ((h ^ (h >> 30)) * _MUL_A) & _MASK64
-            z = ((z ^ (z >> 27)) * _MUL_B) & _MASK64
-            z ^= z >> 31
-            if (z >> 32) < threshold:
-                token = EOS_TOKEN_ID
+        ended = False
+        while len(out) < num_tokens and not ended:
+            texts, highs = block_draw(chain)
+            r = len(current)
+            if current == texts[:r]:  # the chain's own draw spells the rest of the block
+                stop = min(size, r + num_tokens - len(out))
+                if threshold >= 0:
+                    for i in range(r, stop):
+                        if highs[i] < threshold:  # EOS: the draw up to it, then EOS
+                            stop, ended = i, True
+                            break
+                current += texts[r:stop]
+                out += texts[r:stop]
+                if ended:
+                    current.append(EOS_TOKEN_ID)
+                    out.append(EOS_TOKEN_ID)
             else:
-                token = FIRST_TEXT_TOKEN_ID + (z & 0xFFFFFFFF) % _NUM_TEXT_TOKENS
-            out.append(token)
-            block.append(token)
-            if len(block) == size:
-                h = chain = hash((chain, tuple(block))) & _MASK64
-                block = []
-            else:
-                h = ((h ^ token) * _MUL_FOLD + token + 1) & _MASK64
-                h ^= h >> 31
-            if token == EOS_TOKEN_ID:
-                break
-        return out, chain, h
+                text, high = _off_draw(chain, current)
+                token = EOS_TOKEN_ID if high < threshold else text
+                ended = token == EOS_TOKEN_ID
+                current.append(token)
+                out.append(token)
+            if len(current) == size:
+                chain = hash((chain, tuple(current))) & _MASK64
+                current = []
+        return out, chain
 
     def generate(
         self, prompt_token_ids: Iterable[int], max_tokens: int, *, ignore_eos: bool = False
     ) -> list[int]:
         """The whole greedy output for a prompt (EOS included when drawn), for tests/tools."""
         tokens = list(prompt_token_ids)
-        chain, h = context_state(tokens)
-        start = len(tokens)
-        while len(tokens) - start < max_tokens:
-            token, chain, h = self.extend(chain, h, tokens, ignore_eos)
-            if token == EOS_TOKEN_ID:
-                break
-        return tokens[start:]
-
-
-def tail_of(token_ids: Sequence[int]) -> Sequence[int]:
-    """The tokens of a context after its last full block (what ``TokenGenerator.run`` takes)."""
-    return token_ids[len(token_ids) - len(token_ids) % GEN_BLOCK_TOKENS :]
+        chain = context_chain(tokens)
+        out, _ = self.run(chain, open_block(tokens), max_tokens, ignore_eos)
+        return out

@@ -29,7 +29,7 @@ from __future__ import annotations
 import heapq
 from operator import attrgetter
 
-from inferplane.engine.generation import TokenGenerator, context_state
+from inferplane.engine.generation import TokenGenerator, context_chain
 from inferplane.engine.kvcache import BlockPool
 from inferplane.engine.sequence import SeqStatus, Sequence, StepPlan
 from inferplane.engine.types import (
@@ -105,7 +105,6 @@ class Scheduler:
             raise ValueError(f"the prompt of {num_prompt} tokens never fits the KV cache")
         if min(prompt) < 0 or max(prompt) >= VOCAB_SIZE:
             raise ValueError(f"token ids must be in [0, {VOCAB_SIZE})")
-        chain, gen_hash = context_state(prompt)
         seq = Sequence(
             request=request,
             arrival_s=now,
@@ -114,8 +113,7 @@ class Scheduler:
             token_ids=list(prompt),
             num_prompt_tokens=num_prompt,
             max_len=min(num_prompt + request.max_tokens, self.max_model_len, capacity),
-            gen_chain=chain,
-            gen_hash=gen_hash,
+            gen_chain=context_chain(prompt),
         )
         self._next_order += 1
         self._by_id[request.request_id] = seq
@@ -255,9 +253,7 @@ class Scheduler:
             tokens = seq.token_ids
             if computed < len(tokens):
                 continue  # a prefill chunk, more to come
-            token, seq.gen_chain, seq.gen_hash = extend(
-                seq.gen_chain, seq.gen_hash, tokens, seq.request.ignore_eos
-            )
+            token, seq.gen_chain = extend(seq.gen_chain, tokens, seq.request.ignore_eos)
             self.generation_tokens_total += 1
             first = not seq.prompt_done
             if first:

@@ -32,8 +32,7 @@ class Sequence:
     token_ids: list[int]  # prompt, then generated tokens
     num_prompt_tokens: int
     max_len: int  # total length at which it stops with LENGTH
-    gen_chain: int  # hash chain over the full generation blocks of token_ids (generation)
-    gen_hash: int  # hash of the whole of token_ids: what its next token is drawn from
+    gen_chain: int  # chain over the full generation blocks of token_ids (generation)
     status: SeqStatus = SeqStatus.WAITING
     num_computed: int = 0  # tokens whose KV is in the cache
     block_ids: list[int] = field(default_factory=list)

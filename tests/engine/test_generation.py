@@ -10,59 +10,57 @@ from hypothesis import strategies as st
 from inferplane.engine.generation import (
     GEN_BLOCK_TOKENS,
     TokenGenerator,
+    block_draw,
     chain_block,
-    context_hash,
-    context_state,
-    empty_context_hash,
-    mix,
+    context_chain,
+    empty_chain,
+    open_block,
 )
 from inferplane.engine.types import EOS_TOKEN_ID, FIRST_TEXT_TOKEN_ID, VOCAB_SIZE
 
 tokens = st.integers(min_value=FIRST_TEXT_TOKEN_ID, max_value=VOCAB_SIZE - 1)
 
 
-def test_context_hash_folds_tokens_then_chains_full_blocks() -> None:
+def test_context_chain_chains_full_blocks_only() -> None:
     prompt = [17, 500, 31_999, 16, 2]
-    h = empty_context_hash()
-    for t in prompt:
-        h = mix(h, t)
-    assert context_hash(prompt) == h  # no full block: a fold of mix
-    assert context_state(prompt) == (empty_context_hash(), h)
+    assert context_chain(prompt) == empty_chain()  # no full block yet
+    assert list(open_block(prompt)) == prompt
     block = list(range(100, 100 + GEN_BLOCK_TOKENS))
-    chain = chain_block(empty_context_hash(), block)
-    assert context_state(block) == (chain, chain)
-    h = chain
-    for t in prompt:
-        h = mix(h, t)
-    assert context_state(block + prompt) == (chain, h)
-    assert 0 <= h < 2**64
-    assert context_hash(prompt[:-1]) != context_hash(prompt)
-    assert context_hash([1, 2]) != context_hash([2, 1])  # order matters
+    chain = chain_block(empty_chain(), block)
+    assert context_chain(block) == context_chain(block + prompt) == chain
+    assert list(open_block(block + prompt)) == prompt and not open_block(block)
+    assert 0 <= chain < 2**64
     swapped = [block[1], block[0], *block[2:]]
-    assert context_hash(swapped + prompt) != context_hash(block + prompt)
+    assert context_chain(swapped) != chain  # order matters
+    assert context_chain(block + block) == chain_block(chain, block)
 
 
 @settings(max_examples=40, deadline=None)
-@given(prompt=st.lists(tokens, min_size=0, max_size=80), extra=st.lists(tokens, max_size=40))
-def test_extend_one_token_at_a_time_equals_hashing_in_one_piece(
-    prompt: list[int], extra: list[int]
+@given(prompt=st.lists(tokens, min_size=0, max_size=80), ignore_eos=st.booleans())
+def test_extend_one_token_at_a_time_equals_run_and_the_chain_of_the_whole(
+    prompt: list[int], ignore_eos: bool
 ) -> None:
-    chain, h = context_state(prompt)
-    context = list(prompt)
-    for t in extra:  # extend draws its own token: fold ``t`` in the way it does
-        context.append(t)
-        if len(context) % GEN_BLOCK_TOKENS:
-            h = mix(h, t)
-        else:
-            chain = h = chain_block(chain, context[-GEN_BLOCK_TOKENS:])
-        assert (chain, h) == context_state(context)
     gen = TokenGenerator(30)
     context = list(prompt)
-    chain, h = context_state(context)
+    chain = context_chain(context)
     for _ in range(40):
-        token, chain, h = gen.extend(chain, h, context, True)
+        token, chain = gen.extend(chain, context, ignore_eos)
         assert context[-1] == token
-        assert (chain, h) == context_state(context)
+        assert chain == context_chain(context)
+        if token == EOS_TOKEN_ID:
+            break
+    start = context_chain(prompt)
+    out, end = gen.run(start, open_block(prompt), 40, ignore_eos)
+    assert (out, end) == (context[len(prompt) :], chain)
+
+
+def test_after_a_block_boundary_the_chain_draw_spells_the_next_block() -> None:
+    gen = TokenGenerator(10**9)  # EOS practically never
+    prompt = list(range(200, 200 + 2 * GEN_BLOCK_TOKENS))
+    texts, _ = block_draw(context_chain(prompt))
+    assert gen.generate(prompt, GEN_BLOCK_TOKENS, ignore_eos=True) == texts
+    off = gen.generate(prompt[:-1], GEN_BLOCK_TOKENS, ignore_eos=True)  # mid-block prompt
+    assert off != texts[:GEN_BLOCK_TOKENS]
 
 
 def test_same_context_same_output_and_tokens_in_range() -> None:
@@ -119,9 +117,9 @@ def test_ignore_eos_never_stops() -> None:
 def test_extend_draws_next_token() -> None:
     gen = TokenGenerator(mean_output_tokens=3)
     context = [40, 41, 42]
-    chain, h = context_state(context)
+    chain = context_chain(context)
     for ignore_eos in (False, True):
         for _ in range(50):
-            expected = gen.next_token(h, ignore_eos=ignore_eos)
-            token, chain, h = gen.extend(chain, h, context, ignore_eos)
+            expected = gen.next_token(chain, open_block(context), ignore_eos=ignore_eos)
+            token, chain = gen.extend(chain, context, ignore_eos)
             assert token == expected == context[-1]

@@ -194,8 +194,8 @@ def test_continuation_on_another_engine_gives_the_same_text() -> None:
     engines[0].submit(EngineRequest("full", prompt, 80), 0.0)
     full_events = drain(engines[0])
     full = [t for e in full_events if isinstance(e, TokensGenerated) for t in e.token_ids]
-    assert len(full) > 20
-    n = 17
+    assert len(full) > 12
+    n = 10  # past the prompt's open block (8 tokens): both draw rules are continued
     engines[1].submit(EngineRequest("rest", prompt + tuple(full[:n]), 80 - n), 0.0)
     rest_events = drain(engines[1])
     rest = [t for e in rest_events if isinstance(e, TokensGenerated) for t in e.token_ids]
