@@ -15,12 +15,16 @@ admission, KV events into the prefix index), once per mode, each run in a fresh 
   knobs), as the baseline measured in the same run.
 
 ``--baseline-src DIR`` adds a row per fleet size for another checkout's ``inferplane`` (e.g.
-``git archive`` of an older commit), run with this file in a fresh process; its scenario has
-no ``speed`` section when that tree does not know one.
+``git archive`` of an older commit), run with this file in a fresh process, in
+``--baseline-mode`` (``exact`` by default; ``fast`` compares two trees' fast modes over the
+fast runs' stretch); its scenario has no ``speed`` section when that tree does not know one.
 
 Printed, and written to bench/results/simulator-speed.json: calls, wall and CPU seconds,
-calls and events per wall second, CPU ms per call, engine wakes, syncs, peak RSS. Absolute
-numbers drift with machine load; compare rows of one run. Run:
+calls and events per wall second, CPU ms per call, engine wakes, syncs, peak RSS, and the
+wall minutes one simulated hour would take at the row's pace (``60 * wall_s / sim_s``: a
+floor, as a fleet that has warmed up costs more per call than the run's first seconds).
+Absolute numbers drift with machine load (2 shared cores); CPU ms per call drifts least;
+compare rows of one run. Run:
 ``python bench/simulator_speed.py [--engines 64,1000] [--sim-seconds 20] [--exact-seconds 5]``.
 """
 
@@ -106,6 +110,7 @@ def run_once(sim_seconds: float, num_engines: int, speed: dict[str, Any] | None)
         "engine_wakes": result.counters["engine_wakes"],
         "syncs": result.counters.get("syncs"),
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "wall_min_per_sim_hour": 60 * wall_s / max(1e-9, result.end_s),
     }
 
 
@@ -118,22 +123,25 @@ def subprocess_row(src: Path, sim_seconds: float, engines: int, mode: str) -> di
         env=env, cwd=src, check=True, capture_output=True, text=True,
     )  # fmt: skip
     row: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
-    row["mode"] = mode if src == ROOT else f"baseline ({src.name})"
+    row["mode"] = mode if src == ROOT else f"baseline {mode} ({src.name})"
     return row
 
 
 def _table(rows: list[dict[str, Any]]) -> None:
     head = ("engines", "mode", "sim s", "calls", "wall s", "calls / wall s", "events / wall s",
-            "CPU ms / call", "syncs", "peak RSS MiB", "ok", "TTFT p50 s")  # fmt: skip
+            "CPU ms / call", "syncs", "peak RSS MiB", "ok", "TTFT p50 s",
+            "wall min / sim h")  # fmt: skip
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for r in rows:
         ttft = "-" if r["ttft_p50_s"] is None else f"{r['ttft_p50_s']:.3f}"
+        per_hour = r.get("wall_min_per_sim_hour")
+        hour = "-" if per_hour is None else f"{per_hour:.0f}"
         print(
             f"| {r['engines']} | {r['mode']} | {r['sim_s']:.0f} | {r['calls']} | "
             f"{r['wall_s']:.1f} | {r['calls_per_wall_s']:.0f} | {r['events_per_wall_s']:.0f} | "
             f"{r['cpu_ms_per_call']:.3f} | {r['syncs']} | {r['peak_rss_mib']:.0f} | "
-            f"{r['calls_succeeded']}/{r['calls']} | {ttft} |"
+            f"{r['calls_succeeded']}/{r['calls']} | {ttft} | {hour} |"
         )
 
 
@@ -143,6 +151,7 @@ def main() -> int:
     parser.add_argument("--sim-seconds", type=float, default=20.0, help="of each fast run")
     parser.add_argument("--exact-seconds", type=float, default=5.0, help="exact and baseline")
     parser.add_argument("--baseline-src", type=Path, help="another checkout to compare with")
+    parser.add_argument("--baseline-mode", choices=("fast", "exact"), default="exact")
     parser.add_argument("--no-exact", action="store_true", help="skip the exact rows")
     parser.add_argument("--mode", choices=("fast", "exact"), default="fast")
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -162,7 +171,9 @@ def main() -> int:
             if args.sim_seconds != args.exact_seconds:  # the same stretch, for the ratio
                 rows.append(subprocess_row(ROOT, args.exact_seconds, n, "fast"))
         if args.baseline_src is not None:
-            rows.append(subprocess_row(args.baseline_src.resolve(), args.exact_seconds, n, "exact"))
+            mode = args.baseline_mode
+            span = args.exact_seconds if mode == "exact" else args.sim_seconds
+            rows.append(subprocess_row(args.baseline_src.resolve(), span, n, mode))
         print(json.dumps(rows[-1]), flush=True)
     _table(rows)
     load = os.getloadavg()[0]
