@@ -30,7 +30,7 @@ KV_HIGH, KV_LOW = 0.9, 0.3
 def scenario_files(workdir: Path, args: argparse.Namespace, routing: dict[str, Any]) -> Path:
     """Write the fleet and scenario files (JSON is YAML); returns the scenario path."""
     endpoints = [
-        {"name": f"e{i}", "url": f"http://127.0.0.1:{9100 + i}", "gpu": "h100",
+        {"name": f"e{i}", "url": f"http://127.0.0.1:{9100 + i}", "gpu": args.gpu,
          "tensor_parallel": args.tp, "price_per_hour_usd": 2.99 * args.tp, "region": "r",
          "models": ["llama-3-70b"]}
         for i in range(args.engines)
@@ -102,6 +102,7 @@ def main() -> None:
     p.add_argument("--kinds", type=int, default=4)
     p.add_argument("--engines", type=int, default=8)
     p.add_argument("--tp", type=int, default=2)
+    p.add_argument("--gpu", default="h100")
     p.add_argument("--policies", default="inferplane,round-robin")
     p.add_argument("--set", action="append", default=[], help="knob=v1,v2 (routing config)")
     p.add_argument("--out", default="")
