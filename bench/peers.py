@@ -50,7 +50,7 @@ RESULTS = ROOT / "bench" / "results"
 HERE = Path(__file__).resolve()
 # inferplane:fit16 is a diagnostic row (admission headroom for the 16-slot engines);
 # the targets are judged on the plain inferplane row.
-DEFAULT_GATEWAYS = "inferplane,inferplane:fit16,sglang-router,vllm-router,litellm"
+DEFAULT_GATEWAYS = "inferplane,sglang-router,vllm-router,litellm"
 QUICK_GATEWAYS = "inferplane,sglang-router"
 
 
@@ -250,9 +250,8 @@ def header_lines(args: argparse.Namespace, capacity: dict[str, Any]) -> list[str
         "a fleet at capacity meets it and one far beyond does not.",
         "Settings: inferplane serve with defaults (+ KV events; health checks 5 s x 3 "
         "strikes, as bench/routing.py, since the starved emulated engines answer /health "
-        "late; the engines' batch slots in its priors); `inferplane fit16` (diagnostic, "
-        "not judged): slot_share 0.2/0.25, the defaults since 2026-12-01 (older commits: "
-        "0.8/0.85, which leave lower classes 4 of 16 slots per engine); "
+        "late; the engines' batch slots in its priors); rows `inferplane <knob>=<value>` are "
+        "diagnostics, never judged; "
         "sglang-router / vllm-router --policy cache_aware (extra rows: other policies); "
         "LiteLLM proxy routing_strategy least-busy, default retries. Clients send "
         "X-Priority, X-Deadline-Ms and workflow headers to every gateway (only inferplane "

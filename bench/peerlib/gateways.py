@@ -68,12 +68,12 @@ class GatewaySpec:
 
 
 #: Named diagnostic variants of inferplane (``--gateways inferplane:fit16``).
-#: fit16: slot_share 0.2/0.25 (3 of 16 slots kept for critical), the defaults since the
-#: decode hold protects decode itself (core.headroom); the row is kept for runs of older
-#: commits, whose defaults 0.8/0.85 left lower classes 4 of 16 slots per engine.
+#: fit16: slot_share 0.07/0.13 (1 / 2 of 16 slots kept for the classes above), the
+#: defaults since 2026-12-01 (h2diag1: 902 vs 853 tasks in time at 0.2/0.25); the row is
+#: kept for runs of older commits (0.2/0.25; before them 0.8/0.85).
 _HEADROOM = "cfg.admission.headroom"
 VARIANTS = {
-    "fit16": f"{_HEADROOM}.slot_share.standard=0.2+{_HEADROOM}.slot_share.sheddable=0.25",
+    "fit16": f"{_HEADROOM}.slot_share.standard=0.07+{_HEADROOM}.slot_share.sheddable=0.13",
 }
 
 

@@ -50,7 +50,7 @@ from inferplane.core.capacity import (
 from inferplane.core.headroom import HeadroomDemand, HeldConfigs, decode_held
 from inferplane.core.predictor import LatencyPredictor
 from inferplane.core.prompt_reuse import ConversationReuse
-from inferplane.core.queueing import ExitKind, QueueExit, QueueItem, RequestQueue
+from inferplane.core.queueing import ExitKind, QueueExit, QueueItem, RequestQueue, WorkAhead
 from inferplane.core.quotas import QuotaBook
 from inferplane.core.types import CallContext, EndpointView, PriorityClass
 from inferplane.core.workflows import WorkflowLedger, WorkflowStanding
@@ -178,7 +178,7 @@ class Admission:
                 msg = f"no endpoint of model {call.model!r} accepts work"
                 return Reject("no_capacity", msg, cfg.unknown_retry_after_s, 503, sat)
             return self._enqueue(call, cap, None, standing, now, (size_bytes, uncached), sat)
-        first = self.queue.work_ahead(prio, self._order_key(call, standing))  # EDF: ahead of it
+        first = _overtaken(ahead, self.queue.work_ahead(prio, self._order_key(call, standing)), cfg)
         ttft_s = cap.best.ttft_s + (cap.drain_s(first) if first.num_calls else 0.0)
         drain_s = cap.best.wait_s + cap.drain_s(first)
         miss = self._deadline_miss(call, cap, ttft_s, now)
@@ -377,3 +377,16 @@ class Admission:
         if not math.isfinite(seconds):
             return cfg.max_retry_after_s
         return int(min(cfg.max_retry_after_s, max(cfg.min_retry_after_s, math.ceil(seconds))))
+
+
+def _overtaken(whole: WorkAhead, due_first: WorkAhead, cfg: AdmissionConfig) -> WorkAhead:
+    """The work a call waits for: ``due_first`` (EDF) plus the share of the rest of its
+    class it does not overtake (``AdmissionConfig.edf_overtake_share``)."""
+    keep = 1.0 - cfg.edf_overtake_share
+    if keep <= 0.0:
+        return due_first
+    return WorkAhead(
+        due_first.num_calls + round(keep * (whole.num_calls - due_first.num_calls)),
+        due_first.prompt_tokens + round(keep * (whole.prompt_tokens - due_first.prompt_tokens)),
+        due_first.output_tokens + round(keep * (whole.output_tokens - due_first.output_tokens)),
+    )

@@ -145,14 +145,15 @@ class HeadroomConfig(_Frozen):
     cap follows engines slower than the GPUs the defaults assume (emulated, scaled).
     """
 
-    #: 0.2 / 0.25 (3 of 16 slots, 51 / 64 of 256 kept for critical). It was 0.8 / 0.85, a
-    #: stand-in for decode protection (big batches slow every decode) before ``tpot_share``
-    #: protected decode itself; it then cost throughput and left lower classes 4 of 16
-    #: slots on small-batch engines. Simulator, 300 s: bench/overload.py's fleet (8B, 256
-    #: slots, seeds 3 / 4), good tasks/GPU-h 2x 16654 -> 19356 / 16211 -> 18759, 5x 14957
-    #: -> 20417 / 14741 -> 20171, critical 2x 100%, 5x 99.8%; bench/decode_hold_sim.py (70B
-    #: live fleet, seeds 0 / 1): critical 2x 100% / 99.6%, 5x 99.2% / 99.0%.
-    slot_share: PerClass = PerClass(critical=0.0, standard=0.2, sheddable=0.25)
+    #: 0.07 / 0.13: 1 / 2 of 16 slots (17 / 33 of 256) kept for the classes above. On
+    #: 16-slot engines decode barely slows with batch size, so every slot kept free costs
+    #: 1/16 of the output rate: at 0.2 / 0.25 the peers' agentic run streamed 87% of
+    #: capacity in its window; 0.07 / 0.13 ended 902 tasks in time vs 853 (same commit,
+    #: peers-2026-12-01-h2diag1), critical 342/342 both. Neither simulator bench binds on
+    #: slots (bench/overload.py 2x / 5x and bench/decode_hold_sim.py: identical figures at
+    #: 0.2 / 0.25 and 0.07 / 0.13). Before: 0.8 / 0.85, then 0.2 / 0.25 once ``tpot_share``
+    #: protected decode itself (overload.py good tasks/GPU-h 2x 16654 -> 19356).
+    slot_share: PerClass = PerClass(critical=0.0, standard=0.07, sheddable=0.13)
     kv_share: PerClass = PerClass(critical=0.0, standard=0.1, sheddable=0.2)
     max_wait_s: PerClass = PerClass(critical=float("inf"), standard=1.0, sheddable=0.5)
     #: A class is held only while a higher class had a call within this many seconds.
@@ -201,6 +202,11 @@ class AdmissionConfig(_Frozen):
     expected_output_tokens: int = Field(default=256, ge=1)
     #: Reject early when the prediction exceeds the time left by this factor.
     deadline_slack: float = Field(default=1.0, gt=0)
+    #: The deadline test's queue wait: of the queued calls of its own class keyed after a
+    #: call (EDF: due later), the share it is assumed to overtake. 1: it waits only for
+    #: those due before it; 0: for its whole class, as if FIFO (calls due sooner keep
+    #: arriving while it waits, so a call due late is overtaken by work not yet queued).
+    edf_overtake_share: float = Field(default=1.0, ge=0, le=1)
     #: Critical calls predicted to miss their deadline are queued anyway unless this is set.
     reject_critical_on_deadline: bool = False
     min_retry_after_s: int = Field(default=1, ge=1)

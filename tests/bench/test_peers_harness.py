@@ -323,7 +323,7 @@ def test_named_variant_expands_to_its_config(tmp_path: Path) -> None:
     engines = [{"name": "e-0", "url": "http://127.0.0.1:1"}]
     gw._inferplane_cmd(engines, 9000, tmp_path, "fit16")
     share = json.loads((tmp_path / "inferplane.yaml").read_text())["admission"]["headroom"]
-    assert share["slot_share"] == {"critical": 0.0, "standard": 0.2, "sheddable": 0.25}
+    assert share["slot_share"] == {"critical": 0.0, "standard": 0.07, "sheddable": 0.13}
     assert "tpot_share" not in share  # decode protection as the defaults
     assert gw.parse_spec("inferplane:fit16").label == "inferplane fit16"
 
