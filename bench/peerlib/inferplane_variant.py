@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import sys
+from typing import Any
 
 from inferplane.core.prefix_index import PrefixIndexConfig
 
@@ -35,7 +36,8 @@ def main() -> None:
     from inferplane.cli import main as cli_main
 
     if knobs:
-        patched = functools.partial(PrefixIndexConfig, **knobs)
+        kwargs: dict[str, Any] = dict(knobs)  # the ttl knobs are floats; the model checks
+        patched = functools.partial(PrefixIndexConfig, **kwargs)
         setattr(router, "PrefixIndexConfig", patched)  # noqa: B010 (a module attribute)
     sys.exit(cli_main(sys.argv[2:]))
 
