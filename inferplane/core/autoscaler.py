@@ -17,11 +17,11 @@ How the desired size is found:
   cold-start horizon (:mod:`inferplane.core.autoscale_surge`); the scale-down window then
   holds what was bought while the surge plays out. :meth:`Autoscaler.surging` lets a body
   check a window before its tick is due (at ``early_surge_z``) and tick at once.
-* **burst reserve**: spare warm capacity for ``demand x burst factor`` at
-  ``reserve_utilisation``, the factor learned from the bursts seen (held, decaying with a
-  half-life of ``burst_memory_s``, by default twice the scale-down window; ``burst_prior``
-  before any) and capped by the highest rate seen (:mod:`inferplane.core.autoscale_reserve`):
-  it covers a burst's first cold start, which no reactive step can.
+* **burst reserve**: spare warm capacity at ``reserve_utilisation`` for the larger of
+  ``burst_prior x quiet demand`` (the day's trough: a fixed amount, at most
+  ``reserve_max_replicas`` over need) and ``demand x learned burst factor`` (held, decaying
+  with ``burst_memory_s``, capped by the highest rate seen)
+  (:mod:`inferplane.core.autoscale_reserve`): it covers a burst's first cold start.
 * **ahead of need**: a new replica takes its cold-start time before it serves, so capacity is
   sized for the peak forecast over ``[now, now + cold start + tick]``, not for now.
 * **detect**: a backlog adds the replicas that drain it within ``backlog_drain_s``; SLO
@@ -134,15 +134,11 @@ class PoolPolicy:
             raise ValueError(f"pool {self.pool!r}: surge_windows >= 2")
         if not 1 <= self.burst_prior <= self.burst_max_factor or self.memory_s < 0:
             raise ValueError(f"pool {self.pool!r}: need 1 <= burst_prior <= burst_max_factor")
-        if self.quiet_s < 0:
-            raise ValueError(f"pool {self.pool!r}: quiet_window_s >= 0")
-        if (
-            not 0 < self.reserve_utilisation <= 1
-            or self.burst_z < 0
-            or self.reserve_baseline_s <= 0
-            or self.reserve_max_replicas < 0
-        ):
-            raise ValueError(f"pool {self.pool!r}: reserve_utilisation in (0, 1], burst_z >= 0")
+        low = min(self.burst_z, self.quiet_s, self.reserve_max_replicas)
+        if not 0 < self.reserve_utilisation <= 1 or low < 0 or self.reserve_baseline_s <= 0:
+            raise ValueError(
+                f"pool {self.pool!r}: reserve_utilisation in (0, 1], reserve knobs >= 0"
+            )
 
     @property
     def memory_s(self) -> float:
@@ -154,9 +150,8 @@ class PoolPolicy:
     @property
     def quiet_s(self) -> float:
         """The window over which the quiet demand is the lowest baseline."""
-        return (
-            288.0 * self.scale_down_window_s if self.quiet_window_s is None else self.quiet_window_s
-        )
+        window_s = self.quiet_window_s
+        return 288.0 * self.scale_down_window_s if window_s is None else window_s
 
     def option(self, gpu: str) -> GpuOption | None:
         return next((o for o in self.options if o.gpu == gpu), None)

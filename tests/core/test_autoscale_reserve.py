@@ -85,7 +85,7 @@ def _reversals(decisions: list[ScaleDecision]) -> int:
 
 
 @settings(max_examples=15, deadline=None)
-@given(calls_per_s=st.floats(3.0, 40.0), prior=st.floats(1.0, 5.0), seed=st.integers(0, 2**16))
+@given(calls_per_s=st.floats(3.0, 40.0), prior=st.floats(1.0, 8.0), seed=st.integers(0, 2**16))
 def test_no_flapping_under_steady_load_with_a_reserve(
     calls_per_s: float, prior: float, seed: int
 ) -> None:
