@@ -22,15 +22,16 @@ How the factor is learned, per window:
 
 The prior is an operator's expectation before any burst was seen, in absolute terms: a burst
 may bring ``prior`` times the pool's *quiet* demand (tokens/s), not ``prior`` times the demand
-now. The quiet demand is a low envelope of the slow baseline: it follows the baseline down at
-once and up only with a half-life of ``quiet_memory_s`` (by default hours at the default
-scale-down window), so it sits near the day's trough. The prior's reserve is therefore a
-fixed amount of warm capacity, ``prior x quiet``: it binds in the quiet hours, when a burst
-from a trough needs more than the demand asks for, and costs nothing at mid-day, when the
-demand's own need is larger (a prior that multiplied the demand *now* cost 1.26x the
-peak-sized fleet's GPU-hours in the simulator's day at prior 8). A learned factor multiplies
-the demand now, capped by the highest rate seen: it only helps the bursts after the first.
-The factor is capped at ``max_factor``.
+now. The quiet demand is the lowest *level* (the window rates smoothed with the slow
+baseline's time constant, unclipped: a burst only raises it) over ``quiet_window_s``, a day by
+default, so it sits at the day's trough; until the level has settled it is the level now.
+The prior's reserve is therefore a fixed amount of warm capacity, ``prior x quiet`` (the
+autoscaler holds at most ``reserve_max_replicas`` of it over the demand's need): it binds in
+the quiet hours, when a burst from a trough needs more than the demand asks for, and costs
+nothing at mid-day, when the demand's own need is larger (a prior that multiplied the demand
+*now* cost 1.26x the peak-sized fleet's GPU-hours in the simulator's day at prior 8). A
+learned factor multiplies the demand now, capped by the highest rate seen: it only helps the
+bursts after the first. The factor is capped at ``max_factor``.
 
 Pure: numbers in, a new value out; ``now_s`` is passed in.
 """
@@ -114,13 +115,15 @@ class BurstReserve:
     factor: float = 1.0  # learned burst factor at ``at_s`` (>= 1)
     peak_tokens_per_s: float = 0.0  # highest window rate seen, at ``at_s``
     at_s: float | None = None
-    quiet: tuple[tuple[float, float], ...] = ()  # (bucket start, lowest baseline) in window
+    quiet: tuple[tuple[float, float], ...] = ()  # (bucket start, lowest level) in window
     since_s: float | None = None  # the first window seen
+    level_tokens_per_s: float | None = None  # the window rates, exponentially smoothed
 
     @property
     def quiet_tokens_per_s(self) -> float | None:
-        """The lowest baseline over the quiet window (None before any)."""
-        return min((v for _, v in self.quiet), default=None)
+        """The lowest level over the quiet window (the level now until it has settled; None
+        before any window)."""
+        return min((v for _, v in self.quiet), default=self.level_tokens_per_s)
 
     def observe(
         self,
@@ -134,24 +137,29 @@ class BurstReserve:
         z: float,
         max_factor: float,
         quiet_window_s: float = math.inf,
-        quiet_tokens_per_s: float | None = None,
+        level_time_constant_s: float = 60.0,
     ) -> BurstReserve:
-        """The reserve after one window (``baseline``: the rate the window was expected at;
-        ``quiet_tokens_per_s``: the slow baseline now, whose lowest value over
-        ``quiet_window_s`` is the quiet demand; None: nothing to add to the window)."""
+        """The reserve after one window (``baseline``: the rate the window was expected at).
+
+        The level smooths the window rates (unclipped: a burst only raises it, and the quiet
+        demand is its *lowest* value) with ``level_time_constant_s``; once it has settled
+        (one time constant after the first window) it enters the quiet window."""
         factor, peak = self.factor_at(now_s, memory_s), self.peak_at(now_s, memory_s)
+        rate = tokens / window_s if window_s > 0 else 0.0
+        level = self.level_tokens_per_s
+        alpha = 1.0 - math.exp(-window_s / level_time_constant_s)
+        level = rate if level is None else level + alpha * (rate - level)
+        since = now_s if self.since_s is None else self.since_s
         quiet = self.quiet
-        if quiet_tokens_per_s is not None:
-            quiet = _lowest(quiet, quiet_tokens_per_s, now_s, quiet_window_s)
+        if now_s - since >= level_time_constant_s:
+            quiet = _lowest(quiet, level, now_s, quiet_window_s)
         if requests > 0 and window_s > 0:
-            rate = tokens / window_s
             expected = baseline_tokens_per_s * window_s / (tokens / requests)
             ratio = min(max_factor, burst_ratio(requests, expected, z))
             factor = max(factor, ratio)
             peak = max(peak, rate)
         at_s = now_s if self.at_s is None else max(self.at_s, now_s)
-        since = now_s if self.since_s is None else self.since_s
-        return BurstReserve(factor, peak, at_s, quiet, since)
+        return BurstReserve(factor, peak, at_s, quiet, since, level)
 
     def factor_at(self, now_s: float, memory_s: float) -> float:
         """The learned factor at ``now_s`` (decayed towards 1 since the last window)."""
@@ -173,12 +181,15 @@ class BurstReserve:
         prior: float,
         memory_s: float,
         prior_cap_tokens_per_s: float = math.inf,
+        now_tokens_per_s: float | None = None,
     ) -> float:
-        """The demand the reserve should carry: the larger of ``prior x quiet demand`` (at most
-        ``prior_cap_tokens_per_s``) and ``demand x learned factor`` (at most the decayed
-        highest rate seen); the quiet demand counts at most the demand now."""
+        """The demand the reserve should carry: the larger of ``prior x quiet demand`` (the
+        quiet demand at most the demand now, ``now_tokens_per_s``, by default the ``demand``;
+        the whole at most ``prior_cap_tokens_per_s``) and ``demand x learned factor`` (at most
+        the decayed highest rate seen)."""
         learned = self.factor_at(now_s, memory_s)
         seen = min(demand_tokens_per_s * learned, self.peak_at(now_s, memory_s))
+        now = demand_tokens_per_s if now_tokens_per_s is None else now_tokens_per_s
         quiet = self.quiet_tokens_per_s
-        quiet = demand_tokens_per_s if quiet is None else min(quiet, demand_tokens_per_s)
+        quiet = now if quiet is None else min(now, quiet)
         return max(0.0, seen, min(prior * quiet, prior_cap_tokens_per_s))

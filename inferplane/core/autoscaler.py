@@ -111,8 +111,8 @@ class PoolPolicy:
     # loop holds a peak's capacity; a day compressed for a bench compresses both alike).
     burst_memory_s: float | None = None
     burst_max_factor: float = 8.0  # the learned factor's cap
-    # The quiet demand the prior scales is the lowest slow baseline over this window (None:
-    # 288 x scale_down_window_s, a day at the default window: the day's trough).
+    # The quiet demand the prior scales is the lowest level of demand over this window
+    # (None: 288 x scale_down_window_s, a day at the default window: the day's trough).
     quiet_window_s: float | None = None
     reserve_max_replicas: int = 1  # the prior's reserve: at most this many replicas over need
     burst_z: float = 2.0  # a window's count is read at its Poisson lower bound, z sigmas down
@@ -149,7 +149,7 @@ class PoolPolicy:
 
     @property
     def quiet_s(self) -> float:
-        """The window over which the quiet demand is the lowest baseline."""
+        """The window over which the quiet demand is the lowest level."""
         window_s = self.quiet_window_s
         return 288.0 * self.scale_down_window_s if window_s is None else window_s
 
@@ -273,10 +273,10 @@ def _decide_pool(
     need = demand / policy.target_utilisation + signal.backlog_tokens / policy.backlog_drain_s
     capacity = _capacity(policy, current)
     reasons = [f"demand {demand:.0f} tok/s (horizon {horizon_s:.0f} s)"]
-    reserve, slow, base, spare = _reserve(policy, signal, memory, forecast, horizon_s, need)
+    reserve, slow, spare = _reserve(policy, signal, memory, forecast, horizon_s, demand, need)
     if spare / policy.reserve_utilisation > need:
         need = spare / policy.reserve_utilisation
-        reasons.append(f"burst reserve {spare:.0f} tok/s (x{spare / max(base, 1e-9):.1f})")
+        reasons.append(f"burst reserve {spare:.0f} tok/s (x{spare / max(demand, 1e-9):.1f} demand)")
     if surge > 0:
         reasons.append(f"surge: {signal.tokens_per_s:.0f} tok/s rising, {surge:.0f} ahead")
     if signal.backlog_tokens > 0:
@@ -313,11 +313,12 @@ def _reserve(
     memory: _PoolMemory,
     forecast: Forecast,
     horizon_s: float,
+    demand: float,
     need: float,
-) -> tuple[BurstReserve, HoltForecast, float, float]:
-    """The reserve after this window, its slow baseline, the demand it scales (the slow
-    baseline, never above the forecast) and the spare demand (tokens/s) it should carry (the
-    prior's part at most ``reserve_max_replicas`` replicas over ``need``)."""
+) -> tuple[BurstReserve, HoltForecast, float]:
+    """The reserve after this window, its slow baseline and the spare demand (tokens/s) it
+    should carry: the learned part scales the slow baseline (never above the forecast), the
+    prior's the quiet demand (at most ``reserve_max_replicas`` replicas over ``need``)."""
     now = signal.now_s
     reserve = _observe_reserve(policy, signal, memory)
     slow = slow_baseline(
@@ -328,31 +329,27 @@ def _reserve(
     base = min(slow.peak_tokens_per_s(now, ahead), forecast.peak_tokens_per_s(now, ahead))
     cap = need + policy.reserve_max_replicas * _cheapest_for(policy, 1.0).tokens_per_s
     spare = reserve.reserve_tokens_per_s(
-        base, now, prior=policy.burst_prior, memory_s=policy.memory_s, prior_cap_tokens_per_s=cap
-    )
-    return reserve, slow, base, spare
+        base, now, prior=policy.burst_prior, memory_s=policy.memory_s,
+        prior_cap_tokens_per_s=cap, now_tokens_per_s=demand,
+    )  # fmt: skip
+    return reserve, slow, spare
 
 
 def _observe_reserve(policy: PoolPolicy, signal: PoolSignal, memory: _PoolMemory) -> BurstReserve:
     """The burst reserve after this window, against the slow baseline's rate (a burst is
     measured from the demand it rose from; a noisy fast forecast would make noise a burst)."""
-    slow = memory.slow.at_s is not None
-    holt = memory.slow if slow else memory.forecast
-    baseline = max(holt.level, holt.predict(signal.now_s))
-    since = memory.reserve.since_s
-    # The slow baseline stands for the quiet demand once it has settled (a time constant).
-    settled = since is not None and signal.now_s - since >= policy.reserve_baseline_s
+    holt = memory.slow if memory.slow.at_s is not None else memory.forecast
     return memory.reserve.observe(
         requests=signal.requests,
         tokens=signal.tokens,
         window_s=signal.window_s,
         now_s=signal.now_s,
-        baseline_tokens_per_s=baseline,
+        baseline_tokens_per_s=max(holt.level, holt.predict(signal.now_s)),
         memory_s=policy.memory_s,
         z=policy.burst_z,
         max_factor=policy.burst_max_factor,
         quiet_window_s=policy.quiet_s,
-        quiet_tokens_per_s=baseline if slow and settled else None,
+        level_time_constant_s=policy.reserve_baseline_s,
     )
 
 

@@ -144,23 +144,40 @@ def test_the_prior_scales_the_quiet_demand_not_the_demand_now() -> None:
     assert [d.desired_total for d in tuned[-10:]] == [d.desired_total for d in plain[-10:]]
 
 
-def test_the_quiet_demand_is_the_lowest_baseline_over_its_window() -> None:
-    r = BurstReserve()
-    for t, rate in ((0.0, 5e3), (100.0, 2e3), (200.0, 9e3), (360.0, 9e3)):
-        r = r.observe(
-            requests=0, tokens=0.0, window_s=5.0, now_s=t, baseline_tokens_per_s=rate,
-            memory_s=60.0, z=2.0, max_factor=8.0, quiet_window_s=240.0,
-            quiet_tokens_per_s=rate,
+def test_the_quiet_demand_is_the_lowest_level_over_its_window() -> None:
+    def observe(r: BurstReserve, t: float, tokens_per_s: float) -> BurstReserve:
+        return r.observe(
+            requests=max(1, int(tokens_per_s / 1e3)), tokens=5.0 * tokens_per_s, window_s=5.0,
+            now_s=t, baseline_tokens_per_s=tokens_per_s, memory_s=60.0, z=2.0,
+            max_factor=8.0, quiet_window_s=240.0, level_time_constant_s=1e-9,  # level = rate
         )  # fmt: skip
-        if t == 200.0:
-            assert r.quiet_tokens_per_s == 2e3
-    assert r.quiet_tokens_per_s == 9e3  # the 2e3 of t = 100 s is over 240 s old at 360 s
-    # The prior scales the quiet demand (never above the demand now), capped as asked.
-    assert r.reserve_tokens_per_s(3e4, 360.0, prior=3.0, memory_s=60.0) == pytest.approx(2.7e4)
-    assert r.reserve_tokens_per_s(4e3, 360.0, prior=3.0, memory_s=60.0) == pytest.approx(1.2e4)
-    capped = r.reserve_tokens_per_s(3e4, 360.0, prior=3.0, memory_s=60.0,
+
+    r = observe(BurstReserve(), 0.0, 5e3)
+    assert r.quiet_tokens_per_s == pytest.approx(5e3)
+    for t, rate in ((100.0, 2e3), (200.0, 9e3), (210.0, 4e4)):  # a burst only raises the level
+        r = observe(r, t, rate)
+    assert r.quiet_tokens_per_s == pytest.approx(2e3)
+    r = observe(r, 360.0, 9e3)
+    assert r.quiet_tokens_per_s == pytest.approx(9e3)  # 2e3 at 100 s is over 240 s old
+    # The prior scales the quiet demand, capped as asked; the learned part scales the demand.
+    assert r.reserve_tokens_per_s(3e4, 360.0, prior=3.0, memory_s=1e-9) == pytest.approx(2.7e4)
+    capped = r.reserve_tokens_per_s(3e4, 360.0, prior=3.0, memory_s=1e-9,
                                     prior_cap_tokens_per_s=1e4)  # fmt: skip
     assert capped == pytest.approx(1e4)
+
+
+def test_the_quiet_level_settles_before_it_counts() -> None:
+    # A pool that starts near idle: its first windows say little about the quiet demand.
+    r = BurstReserve()
+    for i in range(30):  # 150 s: 0.2 calls/s for 20 s, then 4 calls/s
+        rate = 200.0 if i < 4 else 4e3
+        r = r.observe(
+            requests=max(1, int(rate * 5 / 1e3)), tokens=5.0 * rate, window_s=5.0,
+            now_s=5.0 * i, baseline_tokens_per_s=rate, memory_s=60.0, z=2.0, max_factor=8.0,
+            quiet_window_s=1e5, level_time_constant_s=60.0,
+        )  # fmt: skip
+    assert r.quiet_tokens_per_s is not None
+    assert r.quiet_tokens_per_s > 0.5 * 4e3
 
 
 def test_a_burst_seen_once_leaves_a_reserve_for_the_next_then_shrinks() -> None:
