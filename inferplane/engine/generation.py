@@ -39,7 +39,7 @@ _NUM_TEXT_TOKENS = VOCAB_SIZE - FIRST_TEXT_TOKEN_ID
 #: Tokens per chained block of the context (independent of the KV cache's block size).
 GEN_BLOCK_TOKENS = 16
 _UNPACK = struct.Struct(f"<{2 * GEN_BLOCK_TOKENS}I").unpack
-_DRAW_MEMO_MAX = 1 << 14  # block draws kept (~17 MiB at most): a cache of a pure function
+_DRAW_MEMO_MAX = 1 << 14  # block draws kept (~23 MiB at most): a cache of a pure function
 _draw_memo: dict[int, tuple[list[int], tuple[int, ...]]] = {}
 
 
