@@ -104,10 +104,17 @@ def run_backend(port: int) -> None:
     async def ok(request: web.Request) -> web.Response:
         return web.Response(text="ok")
 
+    models = json.dumps({"object": "list", "data": [{"id": "m", "object": "model"}]}).encode()
+
+    async def list_models(request: web.Request) -> web.Response:
+        # Routers that pass /v1/models through (vllm-router) are ready once it answers.
+        return web.Response(body=models, content_type="application/json")
+
     app = web.Application()
     app.router.add_post("/v1/chat/completions", generate)
     app.router.add_get("/health", ok)
     app.router.add_get("/metrics", ok)
+    app.router.add_get("/v1/models", list_models)
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None,
                 loop=uvloop.new_event_loop())  # fmt: skip
 
