@@ -187,7 +187,10 @@ def set_config_leaf(cfg: dict[str, Any], path: list[str], value: float) -> None:
     node = cfg
     for name in path[:-2]:
         node = node.setdefault(name, {})
-    parent = node.get(path[-2]) or model.model_dump()
+    parent = node.get(path[-2])
+    if parent is None:  # a model whose fields are all required (PerClass) is written whole
+        whole = all(f.is_required() for f in type(model).model_fields.values())
+        parent = model.model_dump() if whole else {}
     parent[path[-1]] = value
     node[path[-2]] = parent
 

@@ -328,6 +328,15 @@ def test_named_variant_expands_to_its_config(tmp_path: Path) -> None:
     assert gw.parse_spec("inferplane:fit16").label == "inferplane fit16"
 
 
+def test_a_variant_sets_a_plain_admission_field_alone(tmp_path: Path) -> None:
+    from peerlib import gateways as gw
+
+    engines = [{"name": "e-0", "url": "http://127.0.0.1:1"}]
+    gw._inferplane_cmd(engines, 9000, tmp_path, "cfg.admission.edf_overtake_share=0")
+    cfg = json.loads((tmp_path / "inferplane.yaml").read_text())
+    assert cfg["admission"] == {"edf_overtake_share": 0.0}
+
+
 def test_router_rows_can_turn_on_the_routers_own_concurrency_limit() -> None:
     from peerlib import gateways as gw
 
