@@ -13,13 +13,7 @@ Model (per endpoint, from a prior of the endpoint's hardware, calibrated online)
   per-sequence cost to each chunk), plus the wait for a sequence slot when the batch is
   full or the engine queues (calls ahead x mean output tokens x TPOT / max_num_seqs),
   plus the first step itself. A fully cached call on a saturated replica therefore still
-  predicts a long TTFT, which is what lets routing leave a hot prefix holder. An engine
-  that queues calls while it has free sequence slots is KV-bound: a queued call starts
-  only as running calls finish, one every (mean decode time / running calls), so the slot
-  wait is at least (queued + 1) x that; the mean decode time (first token to finish) is
-  learned from the calls seen. Without it, a KV-full engine with seven calls outstanding
-  predicted 0.1 s, and the breaker ejected it as a latency outlier for the queueing that
-  routing's own stickiness caused.
+  predicts a long TTFT, which is what lets routing leave a hot prefix holder.
 * TPOT = base + per-sequence cost x batch + full-KV read cost x KV usage.
 
 Calibration: each observed TTFT (TPOT) divided by the uncalibrated prediction made at
@@ -99,7 +93,6 @@ class _Pending:
     raw_ttft_s: float
     raw_tpot_s: float
     started: bool = False  # first token seen: no longer queued prefill work
-    first_token_s: float | None = None  # when the first token came (decode time from it)
 
 
 class LatencyPredictor:
@@ -115,7 +108,6 @@ class LatencyPredictor:
         self._queued_tokens: dict[str, int] = {}
         self._queued_calls: dict[str, int] = {}
         self._mean_uncached = _INITIAL_MEAN_UNCACHED_TOKENS
-        self._mean_decode_s: float | None = None  # first token to finish, EWMA over calls
         # Predictions since the last change of state; the view is kept with its estimate,
         # so its id cannot be reused by another view while the entry lives.
         self._memo: dict[_MemoKey, tuple[EndpointView, LatencyEstimate]] = {}
@@ -193,12 +185,6 @@ class LatencyPredictor:
             outstanding + 1 - prior.max_num_seqs, load.num_waiting + 1 if load.num_waiting else 0
         )
         slot_wait_s = excess * prior.mean_output_tokens * raw_tpot / prior.max_num_seqs
-        if load.num_waiting and self._mean_decode_s is not None:
-            # Queueing with free slots means KV-bound: a queued call starts as running
-            # calls finish (one every mean decode time / running), not as slots free.
-            running = max(1, min(load.num_running, prior.max_num_seqs))
-            kv_wait_s = (load.num_waiting + 1) * self._mean_decode_s / running
-            slot_wait_s = max(slot_wait_s, kv_wait_s)
         raw_wait = ahead_s + interference_s + slot_wait_s + raw_tpot  # + the first step itself
         f_ttft = self.ttft_factor(view.name, now)
         wait_s, prefill_s = raw_wait * f_ttft, own_s * f_ttft
@@ -262,7 +248,6 @@ class LatencyPredictor:
         self._memo.clear()
         self._unqueue(pending)
         pending.started = True
-        pending.first_token_s = now
         if pending.raw_ttft_s > 0:
             ratio = ttft_s / pending.raw_ttft_s
             self._ttft.setdefault(pending.endpoint, _Factor()).update(ratio, now, self.config)
@@ -274,10 +259,6 @@ class LatencyPredictor:
             return
         self._memo.clear()
         self._drop(request_id)
-        if pending.first_token_s is not None and now >= pending.first_token_s:
-            decode_s = now - pending.first_token_s
-            mean = self._mean_decode_s
-            self._mean_decode_s = decode_s if mean is None else mean + 0.05 * (decode_s - mean)
         if tpot_s is not None and pending.raw_tpot_s > 0:
             ratio = tpot_s / pending.raw_tpot_s
             self._tpot.setdefault(pending.endpoint, _Factor()).update(ratio, now, self.config)

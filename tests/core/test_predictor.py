@@ -82,27 +82,6 @@ def test_full_batch_waits_for_a_slot_even_when_cached() -> None:
     assert free.wait_s < 0.02 < full.wait_s
 
 
-def test_a_kv_bound_engine_queues_behind_its_running_calls_not_its_free_slots() -> None:
-    """An engine that queues with 253 free slots is out of KV: the queued calls start as
-    its 3 running calls finish, each after the decode time learned from finished calls."""
-    pred = _pred()
-    for i in range(3):  # calls that decoded for 0.8 s after their first token
-        est = pred.predict(view("a"), "m", 512, float(i))
-        pred.on_dispatch(f"r{i}", "a", 512, est)
-        pred.on_first_token(f"r{i}", est.raw_ttft_s, float(i))  # as predicted: factor 1
-        pred.on_finish(f"r{i}", float(i) + 0.8)
-    queueing = view("a", running=3, waiting=2)
-    learned = pred.predict(queueing, "m", 0, 10.0)
-    fresh = _pred().predict(queueing, "m", 0, 10.0)  # no decode time seen: slots only
-    step_s = 0.01 + 0.001 * 6
-    slot_s = 3 * 256 * step_s / 256  # 2 queued + this one, slots free at 256 / 256 steps
-    kv_wait_s = 3 * 0.8 / 3  # one start per 0.8 s / 3 running calls
-    assert learned.raw_ttft_s == pytest.approx(fresh.raw_ttft_s - slot_s + kv_wait_s)
-    assert learned.ttft_s == pytest.approx(learned.raw_ttft_s)
-    not_queueing = pred.predict(view("a", running=3), "m", 0, 10.0)
-    assert not_queueing.wait_s < 0.05 < kv_wait_s
-
-
 def test_priors_most_specific_wins() -> None:
     h200 = EndpointPrior(prefill_tokens_per_s=20_000.0)
     pair = EndpointPrior(prefill_tokens_per_s=40_000.0)
