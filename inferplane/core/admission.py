@@ -7,7 +7,8 @@ For each call, in order (the first rule that answers decides):
 2. **no capacity at all** (no endpoint of the pool accepts work): critical calls queue,
    others get 503 with a fixed Retry-After;
 3. **deadline**: predicted TTFT (best endpoint now, plus draining the queued work served
-   before this call: higher classes and its own class's earlier EDF keys; a workflow's
+   before this call: higher classes and its own class, less the later-keyed share it
+   overtakes, ``edf_overtake_share``, 0 by default; a workflow's
    step prefills only what its previous step did not leave cached,
    :mod:`inferplane.core.prompt_reuse`) against the TTFT budget, and completion against
    the deadline; a miss is rejected at once (critical calls queue anyway unless

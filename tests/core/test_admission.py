@@ -145,7 +145,7 @@ def test_retry_after_comes_from_drain_time_and_is_at_least_one_second() -> None:
 def test_the_deadline_test_counts_only_the_queued_calls_due_before_it() -> None:
     """EDF within the class: a call due sooner overtakes queued calls due later, so their
     work does not count against its deadline; a call due after them waits for them all."""
-    a = adm(StubPredictor(wait_s=0.1, tpot_s=0.01))
+    a = adm(StubPredictor(wait_s=0.1, tpot_s=0.01), edf_overtake_share=1.0)
     for i in range(10):  # 10 x (1000 prompt, 10 out) due at 30 s: 0.1 s each to drain
         q = call(f"q{i}", deadline_s=30.0, max_tokens=10)
         assert isinstance(a.admit(q, busy(5), 0.0), Enqueue)
