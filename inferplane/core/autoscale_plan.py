@@ -1,5 +1,7 @@
 """The autoscaler's arithmetic of whole replicas: capacity of a fleet, the cheapest way to buy
-a gap, growing to a need and shrinking to one (costliest per token first).
+a gap, growing to a need and shrinking to one (costliest per token first), and the plan that
+turns a need into desired replicas (scale up at once; down only below the window's peak need,
+outside the tolerance band and the cooldown).
 
 Kept apart from :mod:`inferplane.core.autoscaler`, which decides *how much* capacity a pool
 needs; this module decides *which* replicas make it. Pure functions of the pool's policy.
@@ -7,6 +9,7 @@ needs; this module decides *which* replicas make it. Pure functions of the pool'
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
@@ -14,7 +17,13 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from inferplane.core.autoscaler import GpuOption, PoolPolicy
 
-__all__ = ["capacity", "cheapest_for", "grow", "shrink"]
+__all__ = ["ScaleAction", "capacity", "cheapest_for", "grow", "plan", "shrink"]
+
+
+class ScaleAction(enum.Enum):
+    HOLD = "hold"
+    UP = "up"
+    DOWN = "down"
 
 
 def capacity(policy: PoolPolicy, replicas: Mapping[str, int]) -> float:
@@ -67,3 +76,30 @@ def shrink(policy: PoolPolicy, current: Mapping[str, int], need: float) -> dict[
                 break
             desired[gpu] -= 1
     return {g: n for g, n in desired.items() if n > 0}
+
+
+def plan(
+    policy: PoolPolicy,
+    current: dict[str, int],
+    need: float,
+    window_need: float,
+    last_up_s: float | None,
+    now: float,
+) -> tuple[dict[str, int], ScaleAction, str]:
+    """Desired replicas for ``need`` now and ``window_need`` (the largest need over the
+    scale-down window), the action and why."""
+    have = capacity(policy, current)
+    total = sum(current.values())
+    if total < policy.min_replicas or (need > have and total < policy.max_replicas):
+        desired = grow(policy, current, need)
+        if sum(desired.values()) > total:
+            return desired, ScaleAction.UP, f"need {need:.0f} > capacity {have:.0f} tok/s"
+    if total > policy.max_replicas:
+        return shrink(policy, current, math.inf), ScaleAction.DOWN, "above max_replicas"
+    cooling = last_up_s is not None and now - last_up_s < policy.scale_down_cooldown_s
+    if window_need < have * (1 - policy.down_tolerance) and not cooling:
+        desired = shrink(policy, current, window_need)
+        if sum(desired.values()) < total:
+            why = f"peak need over {policy.scale_down_window_s:.0f} s {window_need:.0f} tok/s"
+            return desired, ScaleAction.DOWN, why
+    return dict(current), ScaleAction.HOLD, "within tolerance" if not cooling else "cooling down"

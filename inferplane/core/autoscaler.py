@@ -39,15 +39,13 @@ Pure: no clock, no I/O; ``now_s`` comes in the signal and the state is a value p
 
 from __future__ import annotations
 
-import enum
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from inferplane.core.autoscale_learn import Learned, learned_utilisation
+from inferplane.core.autoscale_plan import ScaleAction, plan
 from inferplane.core.autoscale_plan import capacity as _capacity
 from inferplane.core.autoscale_plan import cheapest_for as _cheapest_for
-from inferplane.core.autoscale_plan import grow as _grow
-from inferplane.core.autoscale_plan import shrink as _shrink
 from inferplane.core.autoscale_reserve import BurstReserve, slow_baseline
 from inferplane.core.autoscale_surge import surge_rate
 from inferplane.core.forecast import Forecast, HoltForecast, ScheduleForecast
@@ -64,12 +62,6 @@ __all__ = [
     "ScaleDecision",
     "ScheduleForecast",
 ]
-
-
-class ScaleAction(enum.Enum):
-    HOLD = "hold"
-    UP = "up"
-    DOWN = "down"
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +87,10 @@ class PoolPolicy:
     min_replicas: int = 1
     max_replicas: int = 8
     target_utilisation: float = 0.7  # plan for this fraction of each replica's throughput
+    # Learned: windows within SLO at load raise the fraction planned for by utilisation_step
+    # up to this (None: no learning), an SLO miss resets it (core/autoscale_learn.py).
+    max_utilisation: float | None = 0.9
+    utilisation_step: float = 0.02
     backlog_drain_s: float = 30.0  # a backlog should drain within this
     slo_target: float = 0.95  # attainment below this while the pool runs hot adds a replica
     hot_utilisation: float = 0.5  # "runs hot": observed demand over this fraction of capacity
@@ -126,6 +122,9 @@ class PoolPolicy:
             raise ValueError(f"pool {self.pool!r}: need 0 <= min_replicas <= max_replicas")
         if not 0 < self.target_utilisation <= 1:
             raise ValueError(f"pool {self.pool!r}: target_utilisation in (0, 1]")
+        most = self.max_utilisation
+        if (most is not None and not 0 < most <= 1) or self.utilisation_step <= 0:
+            raise ValueError(f"pool {self.pool!r}: max_utilisation in (0, 1], step > 0")
         if any(o.tokens_per_s <= 0 or o.price_per_hour_usd < 0 for o in self.options):
             raise ValueError(f"pool {self.pool!r}: options need tokens_per_s > 0, price >= 0")
         if min(self.surge_z, self.early_surge_z) <= 0 or self.surge_max_factor < 1:
@@ -191,6 +190,7 @@ class _PoolMemory:
     rates: tuple[tuple[float, float], ...] = ()  # (at_s, tokens/s) of the last windows
     reserve: BurstReserve = field(default_factory=BurstReserve)
     slow: HoltForecast = field(default_factory=HoltForecast)  # the reserve's baseline demand
+    learned: Learned = field(default_factory=Learned)  # utilisation planned for, from the SLO
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,9 +270,11 @@ def _decide_pool(
     horizon_s = _horizon_s(policy)
     surge = _surge_demand(policy, signal, memory, horizon_s, policy.surge_z)
     demand = max(signal.tokens_per_s, forecast.peak_tokens_per_s(now, now + horizon_s), surge)
-    need = demand / policy.target_utilisation + signal.backlog_tokens / policy.backlog_drain_s
     capacity = _capacity(policy, current)
-    reasons = [f"demand {demand:.0f} tok/s (horizon {horizon_s:.0f} s)"]
+    learned = learned_utilisation(policy, signal, memory.learned)
+    utilisation = learned.utilisation
+    need = demand / utilisation + signal.backlog_tokens / policy.backlog_drain_s
+    reasons = [f"demand {demand:.0f} tok/s (horizon {horizon_s:.0f} s, at {utilisation:.2f})"]
     reserve, slow, spare = _reserve(policy, signal, memory, forecast, horizon_s, demand, need)
     if spare / policy.reserve_utilisation > need:
         need = spare / policy.reserve_utilisation
@@ -291,7 +293,8 @@ def _decide_pool(
         *((t, n) for t, n in memory.needs if t > now - policy.scale_down_window_s),
         (now, need),
     )
-    desired, action, why = _plan(policy, current, need, max(n for _, n in needs), memory, now)
+    window_need = max(n for _, n in needs)
+    desired, action, why = plan(policy, current, need, window_need, memory.last_up_s, now)
     reasons.append(why)
     last_up = now if action is ScaleAction.UP else memory.last_up_s
     decision = ScaleDecision(
@@ -304,7 +307,7 @@ def _decide_pool(
         reason="; ".join(reasons),
     )
     rates = (*memory.rates, (now, signal.tokens_per_s))[-policy.surge_windows :]
-    return decision, _PoolMemory(holt, needs[-256:], last_up, rates, reserve, slow)
+    return decision, _PoolMemory(holt, needs[-256:], last_up, rates, reserve, slow, learned)
 
 
 def _reserve(
@@ -372,28 +375,3 @@ def _surge_demand(
         z=z,
         max_factor=policy.surge_max_factor,
     )
-
-
-def _plan(
-    policy: PoolPolicy,
-    current: dict[str, int],
-    need: float,
-    window_need: float,
-    memory: _PoolMemory,
-    now: float,
-) -> tuple[dict[str, int], ScaleAction, str]:
-    capacity = _capacity(policy, current)
-    total = sum(current.values())
-    if total < policy.min_replicas or (need > capacity and total < policy.max_replicas):
-        desired = _grow(policy, current, need)
-        if sum(desired.values()) > total:
-            return desired, ScaleAction.UP, f"need {need:.0f} > capacity {capacity:.0f} tok/s"
-    if total > policy.max_replicas:
-        return _shrink(policy, current, math.inf), ScaleAction.DOWN, "above max_replicas"
-    cooling = memory.last_up_s is not None and now - memory.last_up_s < policy.scale_down_cooldown_s
-    if window_need < capacity * (1 - policy.down_tolerance) and not cooling:
-        desired = _shrink(policy, current, window_need)
-        if sum(desired.values()) < total:
-            why = f"peak need over {policy.scale_down_window_s:.0f} s {window_need:.0f} tok/s"
-            return desired, ScaleAction.DOWN, why
-    return dict(current), ScaleAction.HOLD, "within tolerance" if not cooling else "cooling down"
