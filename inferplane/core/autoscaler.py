@@ -22,6 +22,10 @@ How the desired size is found:
   ``reserve_max_replicas`` over need) and ``demand x learned burst factor`` (held, decaying
   with ``burst_memory_s``, capped by the highest rate seen)
   (:mod:`inferplane.core.autoscale_reserve`): it covers a burst's first cold start.
+* **learned utilisation**: the fraction of each replica's modelled throughput planned for
+  starts at ``target_utilisation`` and rises while the SLO holds at load, up to
+  ``max_utilisation``; an SLO miss resets it and lowers its ceiling
+  (:mod:`inferplane.core.autoscale_learn`): the model may understate what a workload needs.
 * **ahead of need**: a new replica takes its cold-start time before it serves, so capacity is
   sized for the peak forecast over ``[now, now + cold start + tick]``, not for now.
 * **detect**: a backlog adds the replicas that drain it within ``backlog_drain_s``; SLO
