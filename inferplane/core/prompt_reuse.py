@@ -11,6 +11,7 @@ A workflow's next step extends the conversation its previous step sent (the repl
 appended), and workflow affinity routes it to the engine that served that step. So the
 estimate: a call of a known workflow has cached the previous step's prompt plus its
 output budget, capped by its own prompt. Calls without a workflow id get no credit.
+Workflows are keyed by tenant and id, so one tenant's ids never move another's estimate.
 Bounded: the oldest workflows are forgotten first. Pure: no clock, no I/O.
 """
 
@@ -28,21 +29,21 @@ class ConversationReuse:
 
     def __init__(self, max_workflows: int = 100_000) -> None:
         self._max = max(1, max_workflows)
-        self._context: OrderedDict[str, int] = OrderedDict()
+        self._context: OrderedDict[tuple[str, str], int] = OrderedDict()
 
     def cached_tokens(self, call: CallContext) -> int:
         """Prompt tokens of ``call`` likely cached: its workflow's previous context."""
         if call.workflow_id is None:
             return 0
-        return min(call.num_prompt_tokens, self._context.get(call.workflow_id, 0))
+        return min(call.num_prompt_tokens, self._context.get((call.tenant, call.workflow_id), 0))
 
     def note(self, call: CallContext) -> None:
         """``call`` was admitted or queued: its prompt and reply become the next step's prefix."""
-        wid = call.workflow_id
-        if wid is None:
+        if call.workflow_id is None:
             return
-        self._context[wid] = call.num_prompt_tokens + max(0, call.max_tokens)
-        self._context.move_to_end(wid)
+        key = (call.tenant, call.workflow_id)
+        self._context[key] = call.num_prompt_tokens + max(0, call.max_tokens)
+        self._context.move_to_end(key)
         while len(self._context) > self._max:
             self._context.popitem(last=False)
 

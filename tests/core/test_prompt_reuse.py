@@ -27,6 +27,13 @@ def test_next_step_reuses_the_previous_prompt_and_reply_capped_by_its_own_prompt
     assert reuse.cached_tokens(call("x", prompt=520, wf="other")) == 0
 
 
+def test_workflows_are_per_tenant() -> None:
+    reuse = ConversationReuse()
+    reuse.note(call("s1", prompt=400, max_tokens=30, wf="w", tenant="acme"))
+    assert reuse.cached_tokens(call("s2", prompt=520, wf="w", tenant="acme")) == 430
+    assert reuse.cached_tokens(call("s2", prompt=520, wf="w", tenant="globex")) == 0
+
+
 def test_bounded_forgetting_the_oldest_workflow() -> None:
     reuse = ConversationReuse(max_workflows=2)
     for wid in ("a", "b", "c"):
