@@ -42,10 +42,14 @@ class PoolScaleConfig(_Frozen):
     scale_down_cooldown_s: float = Field(default=120.0, ge=0)
     # Burst reserve (core/autoscale_reserve.py): the burst factor kept warm before one is
     # seen (1: none until a burst is seen), the learned factor's cap and its half-life
-    # (None: twice scale_down_window_s).
+    # (None: twice scale_down_window_s); the window over which the quiet demand (the trough
+    # the prior multiplies) is the lowest level seen (None: a day of scale-down windows), and
+    # how many replicas over need the prior may hold.
     burst_prior: float = Field(default=1.0, ge=1)
     burst_max_factor: float = Field(default=8.0, ge=1)
     burst_memory_s: float | None = Field(default=None, ge=0)
+    quiet_window_s: float | None = Field(default=None, gt=0)
+    reserve_max_replicas: int = Field(default=1, ge=0)
 
     @model_validator(mode="after")
     def _bounds(self) -> PoolScaleConfig:
@@ -82,6 +86,8 @@ class AutoscaleConfig(_Frozen):
                 burst_prior=p.burst_prior,
                 burst_max_factor=p.burst_max_factor,
                 burst_memory_s=p.burst_memory_s,
+                quiet_window_s=p.quiet_window_s,
+                reserve_max_replicas=p.reserve_max_replicas,
             )
             for p in self.pools
         ]

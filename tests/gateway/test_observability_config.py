@@ -27,6 +27,8 @@ def test_defaults_are_off() -> None:
         {"model": "m", "gpus": ["h100"], "burst_prior": 0.5},
         {"model": "m", "gpus": ["h100"], "burst_prior": 9, "burst_max_factor": 8},
         {"model": "m", "gpus": ["h100"], "burst_memory_s": -1},
+        {"model": "m", "gpus": ["h100"], "quiet_window_s": 0},
+        {"model": "m", "gpus": ["h100"], "reserve_max_replicas": -1},
     ],
 )
 def test_bad_pools_are_refused(bad: dict[str, object]) -> None:
@@ -40,6 +42,14 @@ def test_burst_reserve_knobs_reach_the_core_policy() -> None:
     assert (policy.burst_prior, policy.burst_memory_s, policy.memory_s) == (3.0, 600.0, 600.0)
     (default,) = AutoscaleConfig.model_validate({"pools": [{**pool, "burst_prior": 1}]}).policies()
     assert default.burst_prior == 1.0 and default.burst_max_factor == 8.0
+    assert default.reserve_max_replicas == 1 and default.quiet_window_s is None
+
+
+def test_quiet_window_and_reserve_cap_reach_the_core_policy() -> None:
+    pool = {"model": "llama-3-8b", "gpus": ["h100"], "burst_prior": 8,
+            "quiet_window_s": 3600, "reserve_max_replicas": 2}  # fmt: skip
+    (policy,) = AutoscaleConfig.model_validate({"enabled": True, "pools": [pool]}).policies()
+    assert (policy.quiet_s, policy.reserve_max_replicas) == (3600.0, 2)
 
 
 def test_sampling_ratio_is_bounded() -> None:
