@@ -99,9 +99,12 @@ def test_no_flapping_under_steady_load_with_a_reserve(
     plain = _loop(_policy(burst_max_factor=1.0, **kw), seed).run([calls_per_s] * 200)
     # Past the first minute: no flapping. At a replica boundary (the reserve within a few
     # percent of a replica's capacity) a Poisson window may add one up-and-down over the
-    # 1000 s run, as the plain loop's own forecast noise may: never a cycle.
-    assert _reversals(decisions[12:]) <= 1
-    assert _reversals(decisions[12:]) <= _reversals(plain[12:]) + 1
+    # 1000 s run, as the plain loop's own forecast noise may: never a cycle. The plain loop
+    # alone may reverse twice near its own boundary (4 calls/s, seed 77: up at 145 s, down
+    # at 645 s, up at 825 s, with or without the reserve): the reserve adds at most one.
+    plain_reversals = _reversals(plain[12:])
+    assert _reversals(decisions[12:]) <= max(1, plain_reversals)
+    assert _reversals(decisions[12:]) <= plain_reversals + 1
     # Without a prior, a steady load teaches no burst: no reserve beyond the plain need.
     if prior == 1.0:
         assert sum("burst reserve" in d.reason for d in decisions) <= 2
