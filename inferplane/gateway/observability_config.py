@@ -50,6 +50,10 @@ class PoolScaleConfig(_Frozen):
     burst_memory_s: float | None = Field(default=None, ge=0)
     quiet_window_s: float | None = Field(default=None, gt=0)
     reserve_max_replicas: int = Field(default=1, ge=0)
+    # Learned utilisation (core/autoscale_learn.py): the ceiling the planned fraction of
+    # modelled capacity may rise to from target_utilisation (None: never rises), and its step.
+    max_utilisation: float | None = Field(default=0.9, gt=0, le=1)
+    utilisation_step: float = Field(default=0.02, gt=0)
 
     @model_validator(mode="after")
     def _bounds(self) -> PoolScaleConfig:
@@ -88,6 +92,8 @@ class AutoscaleConfig(_Frozen):
                 burst_memory_s=p.burst_memory_s,
                 quiet_window_s=p.quiet_window_s,
                 reserve_max_replicas=p.reserve_max_replicas,
+                max_utilisation=p.max_utilisation,
+                utilisation_step=p.utilisation_step,
             )
             for p in self.pools
         ]

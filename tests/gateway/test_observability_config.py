@@ -29,6 +29,8 @@ def test_defaults_are_off() -> None:
         {"model": "m", "gpus": ["h100"], "burst_memory_s": -1},
         {"model": "m", "gpus": ["h100"], "quiet_window_s": 0},
         {"model": "m", "gpus": ["h100"], "reserve_max_replicas": -1},
+        {"model": "m", "gpus": ["h100"], "max_utilisation": 1.5},
+        {"model": "m", "gpus": ["h100"], "utilisation_step": 0},
     ],
 )
 def test_bad_pools_are_refused(bad: dict[str, object]) -> None:
@@ -50,6 +52,17 @@ def test_quiet_window_and_reserve_cap_reach_the_core_policy() -> None:
             "quiet_window_s": 3600, "reserve_max_replicas": 2}  # fmt: skip
     (policy,) = AutoscaleConfig.model_validate({"enabled": True, "pools": [pool]}).policies()
     assert (policy.quiet_s, policy.reserve_max_replicas) == (3600.0, 2)
+
+
+def test_learned_utilisation_knobs_reach_the_core_policy() -> None:
+    pool = {"model": "llama-3-8b", "gpus": ["h100"], "max_utilisation": None,
+            "utilisation_step": 0.05}  # fmt: skip
+    (policy,) = AutoscaleConfig.model_validate({"enabled": True, "pools": [pool]}).policies()
+    assert (policy.max_utilisation, policy.utilisation_step) == (None, 0.05)
+    (default,) = AutoscaleConfig.model_validate(
+        {"pools": [{**pool, "max_utilisation": 0.9}]}
+    ).policies()
+    assert default.max_utilisation == 0.9
 
 
 def test_sampling_ratio_is_bounded() -> None:
