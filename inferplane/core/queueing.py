@@ -19,93 +19,26 @@ Bounded by count and bytes. When full, the victim is the lowest class, then the 
 victim is refused and nothing is evicted. Every pushed call leaves exactly once, reported
 as a :class:`QueueExit`: dispatched, evicted, expired or cancelled. Pure: ``now`` is passed
 in, no clock, no I/O. Heaps use lazy deletion and are rebuilt when tombstones dominate.
+The values it takes and reports (:class:`QueueItem`, :class:`QueueExit`, ...) live in
+:mod:`inferplane.core.queue_items` and are re-exported here.
 """
 
 from __future__ import annotations
 
 import bisect
-import enum
 import heapq
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from inferplane.core.admission_config import QueueConfig
-from inferplane.core.types import CallContext, PriorityClass
+from inferplane.core.queue_items import ExitKind, PushResult, QueueExit, QueueItem, WorkAhead
+from inferplane.core.types import PriorityClass
 
 __all__ = ["ExitKind", "PushResult", "QueueExit", "QueueItem", "RequestQueue", "WorkAhead"]
 
 _BANDS = sorted(PriorityClass, key=lambda p: p.rank)
 _REBUILD_SLACK = 64
-
-
-class ExitKind(enum.Enum):
-    """How a call left the queue."""
-
-    DISPATCHED = "dispatched"
-    EVICTED = "evicted"
-    EXPIRED = "expired"
-    CANCELLED = "cancelled"
-
-
-@dataclass(frozen=True, slots=True)
-class QueueItem:
-    """One waiting call and what the queue needs to order, bound and account it."""
-
-    call: CallContext
-    order_key_s: float  # lower leaves first within its (class, tenant, model) flow
-    expires_at_s: float  # past this, dispatching cannot meet the call's deadline
-    num_output_tokens: int  # expected output (service and drain estimates)
-    size_bytes: int = 0
-    keep: float = 0.0  # eviction protection (workflow progress); higher is evicted later
-    #: prompt tokens its prefill is expected to run (None: the whole prompt, none cached)
-    num_prefill_tokens: int | None = None
-
-    @property
-    def request_id(self) -> str:
-        return self.call.request_id
-
-    @property
-    def priority(self) -> PriorityClass:
-        return self.call.priority
-
-    @property
-    def prefill_tokens(self) -> int:
-        """Prompt tokens left to prefill (the drain estimate's prompt work)."""
-        n = self.num_prefill_tokens
-        return self.call.num_prompt_tokens if n is None else n
-
-    @property
-    def service_tokens(self) -> int:
-        return self.call.num_prompt_tokens + self.num_output_tokens
-
-
-@dataclass(frozen=True, slots=True)
-class QueueExit:
-    """A call leaving the queue, and why."""
-
-    item: QueueItem
-    kind: ExitKind
-    waited_s: float
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class PushResult:
-    """``accepted``: the call waits; ``evicted``: calls pushed out to make room for it."""
-
-    accepted: bool
-    evicted: tuple[QueueExit, ...] = ()
-    reason: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class WorkAhead:
-    """Queued work that will be served before a call of some class."""
-
-    num_calls: int = 0
-    prompt_tokens: int = 0
-    output_tokens: int = 0
 
 
 @dataclass(slots=True)
