@@ -255,7 +255,9 @@ def header_lines(args: argparse.Namespace, capacity: dict[str, Any]) -> list[str
         "sglang-router / vllm-router --policy cache_aware (extra rows: other policies); "
         "LiteLLM proxy routing_strategy least-busy, default retries. Clients send "
         "X-Priority, X-Deadline-Ms and workflow headers to every gateway (only inferplane "
-        "reads them); they retry as the OpenAI SDKs do by default (3 attempts, Retry-After "
+        "reads them); X-Deadline-Ms is what is left of the call's deadline on every attempt "
+        "(a retry never extends it, gRPC's rule), with x-stainless-retry-count as the SDKs "
+        "send it; they retry as the OpenAI SDKs do by default (3 attempts, Retry-After "
         "honoured) on shared_prefix and agentic, 4 attempts on overload, on timeout on "
         "cascade, never on crash; a started stream is never replayed by the client.",
         "Definitions: goodput = tasks whose every call succeeded within its deadline, per second "

@@ -7,7 +7,8 @@ reply. Calls stream (``stream_options.include_usage``); the generator records pe
 the time to the first content token, the end, the tokens received, the largest gap
 between tokens, whether the stream ended with ``[DONE]``, the final status and the
 attempts. Clients retry as the workload's ``ClientPolicy`` says (Retry-After honoured,
-timeouts). It also fires the workload's faults at the engines' ``/admin/faults``.
+timeouts), and keep the call's deadline: each attempt sends what is left of it
+(:func:`attempt_headers`). It also fires the workload's faults at the engines' ``/admin/faults``.
 """
 
 from __future__ import annotations
@@ -121,6 +122,21 @@ async def _attempt(
     return att
 
 
+def attempt_headers(
+    headers: dict[str, str], deadline_s: float, elapsed_s: float, retries: int
+) -> dict[str, str]:
+    """The headers of one attempt of a call: its budget is what is LEFT of the call's deadline.
+
+    A client keeps its deadline across retries (gRPC's rule: a retry never extends the
+    deadline; each attempt carries the remaining time). So every attempt sends
+    ``X-Deadline-Ms`` = deadline - time already spent on the call (refused attempts and
+    Retry-After waits), at least 1 ms, and, as the OpenAI SDKs do, ``x-stainless-retry-count``.
+    Gateways that ignore both headers see the same calls as before.
+    """
+    left_ms = max(1, int(1000 * (deadline_s - elapsed_s)))
+    return {**headers, "X-Deadline-Ms": str(left_ms), "x-stainless-retry-count": str(retries)}
+
+
 def _should_retry(att: Attempt, client: dict[str, Any]) -> float | None:
     """Seconds to wait before the next attempt, or None to give up."""
     if att.timed_out:
@@ -153,11 +169,7 @@ async def _call(
         }
     )
     deadline = call["deadline_s"]
-    headers = {
-        **sh.headers,
-        "X-Priority": task["priority"],
-        "X-Deadline-Ms": str(int(1000 * deadline)),
-    }
+    headers = {**sh.headers, "X-Priority": task["priority"]}
     if task["kind"] == "agent":
         headers.update(
             {
@@ -174,7 +186,11 @@ async def _call(
         attempts += 1
         sent_s = time.monotonic() - sh.t0
         att = await _attempt(
-            session, sh, body, headers, None if factor is None else factor * deadline
+            session,
+            sh,
+            body,
+            attempt_headers(headers, deadline, time.monotonic() - start, attempts - 1),
+            None if factor is None else factor * deadline,
         )
         if att.refusal:
             sh.refusals.append(

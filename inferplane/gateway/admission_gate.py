@@ -89,8 +89,19 @@ class AdmissionGate:
 
     # -- the call's way in and out ------------------------------------------------------
 
-    async def enter(self, call: CallContext, api_key: str | None, size_bytes: int) -> float:
-        """Return when ``call`` may be routed (seconds it queued); raise ApiError if not."""
+    async def enter(
+        self,
+        call: CallContext,
+        api_key: str | None,
+        size_bytes: int,
+        num_cached_tokens: int = 0,
+    ) -> float:
+        """Return when ``call`` may be routed (seconds it queued); raise ApiError if not.
+
+        ``num_cached_tokens``: the prompt tokens the prefix index finds cached on the pool's
+        best holder; admission prices the larger of it and the workflow's own estimate
+        (:mod:`inferplane.core.prompt_reuse`) as already prefilled.
+        """
         if self._shared is not None:
             if self.ledger_sync is not None and call.workflow_id is not None:
                 await asyncio.gather(
@@ -104,7 +115,10 @@ class AdmissionGate:
         if self._fast_admit(call, pool, now, api_key):
             self._metrics.count_admission("admitted", "admitted", prio)
             return 0.0
-        d = self.core.admit(call, pool, now, api_key=api_key, size_bytes=size_bytes)
+        d = self.core.admit(
+            call, pool, now, api_key=api_key, size_bytes=size_bytes,
+            num_cached_tokens=num_cached_tokens,
+        )  # fmt: skip
         if isinstance(d, Admit):
             self._metrics.count_admission("admitted", d.reason, prio)
             return 0.0
