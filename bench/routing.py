@@ -222,10 +222,14 @@ async def _wait_ready(url: str) -> None:
     raise RuntimeError("the gateway did not become ready")
 
 
-def _state_changes(log_path: Path) -> dict[str, int]:
+_MAX_REASONS = 20
+
+
+def _state_changes(log_path: Path) -> tuple[dict[str, int], list[str]]:
     """The gateway's endpoint state changes and breaker events in its log, counted by
-    "to-state: why" and "breaker: trigger"."""
+    "to-state: why" and "breaker: trigger", and the first breaker events' reasons."""
     changes: Counter[str] = Counter()
+    reasons: list[str] = []
     with contextlib.suppress(OSError):
         for line in log_path.read_text(errors="replace").splitlines():
             with contextlib.suppress(ValueError):
@@ -234,7 +238,9 @@ def _state_changes(log_path: Path) -> dict[str, int]:
                     changes[f"{record.get('to')}: {record.get('why')}"] += 1
                 elif record.get("msg") == "breaker":
                     changes[f"breaker: {record.get('trigger')}"] += 1
-    return dict(changes)
+                    reasons.append(f"{record.get('endpoint')} {record.get('trigger')}: "
+                                   f"{record.get('why')}")  # fmt: skip
+    return dict(changes), reasons[:_MAX_REASONS]
 
 
 _COUNTED = ("rejects", "retries", "fallbacks", "admission_decisions")
@@ -260,6 +266,7 @@ async def _gateway_prefix(url: str) -> dict[str, Any]:
         stats = await resp.json()
     prefix: dict[str, Any] = stats["routing"]["prefix"]
     prefix.pop("keyed_models", None)
+    prefix["reliability_counts"] = stats.get("reliability", {}).get("counts", {})
     return prefix
 
 
@@ -301,7 +308,7 @@ def run_policy(policy: str, workload: str, args: argparse.Namespace) -> dict[str
         if gateway is not None:
             row["gateway_metrics"] = asyncio.run(_gateway_counters(targets[0]))
             row["gateway_prefix"] = asyncio.run(_gateway_prefix(targets[0]))
-            row["endpoint_state_changes"] = _state_changes(log_path)
+            row["endpoint_state_changes"], row["breaker_reasons"] = _state_changes(log_path)
         return row
     finally:
         if gateway is not None:

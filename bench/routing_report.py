@@ -90,6 +90,11 @@ def table(workload: str, results: dict[str, dict[str, Any]], args: argparse.Name
             lines.append(f"  {policy}: keyed calls vs the best prefix holder: {routed}")
         if r.get("endpoint_state_changes"):
             lines.append(f"  {policy}: endpoint state changes {r['endpoint_state_changes']}")
+        counts = (r.get("gateway_prefix") or {}).get("reliability_counts")
+        if counts:
+            lines.append(f"  {policy}: reliability counts {counts}")
+        for reason in r.get("breaker_reasons") or ():
+            lines.append(f"  {policy}: breaker {reason}")
         if "sessions" in r:
             lines.append(
                 f"  {policy}: {r['sessions_ok']}/{r['sessions']} sessions completed; failed at"
