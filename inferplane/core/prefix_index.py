@@ -25,10 +25,8 @@ can only mislead routing (a cache miss), never change an answer.
 
 from __future__ import annotations
 
-import heapq
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, fields
 from itertools import accumulate, repeat
 from operator import and_
 
@@ -51,47 +49,24 @@ from inferplane.core.prefix_blocks import (
 )
 from inferplane.core.prefix_blocks import run_length as _run_length
 from inferplane.core.prefix_blocks import tier_of as _tier
+from inferplane.core.prefix_entries import Endpoint, EntryBook
 
 __all__ = [
-    "BYTES_PER_ENGINE_HASH",
-    "BYTES_PER_ENTRY",
-    "BYTES_PER_GUESS",
-    "BYTES_PER_KEY",
-    "CPU",
-    "GPU",
-    "GUESS",
-    "EndpointIndexStats",
-    "IndexSource",
-    "IndexStats",
-    "PrefixIndex",
-    "PrefixIndexConfig",
-    "block_keys",
-    "root_key",
+    *("BYTES_PER_ENGINE_HASH", "BYTES_PER_ENTRY", "BYTES_PER_GUESS", "BYTES_PER_KEY"),
+    *("CPU", "GPU", "GUESS", "EndpointIndexStats", "IndexSource", "IndexStats"),
+    *("PrefixIndex", "PrefixIndexConfig", "block_keys", "root_key"),
 ]
 
 _TIERS = GPU | CPU
 _MATCH_CHUNK = 8  # first chunk of keys matched; each next one doubles
-_COUNTERS = [f.name for f in fields(EndpointIndexStats)][3:]  # the counts after the sizes
 
 
-@dataclass(slots=True, eq=False)
-class _Endpoint:
-    name: str
-    bit: int
-    source: IndexSource
-    entries: OrderedDict[int, int] = field(default_factory=OrderedDict)  # key -> flags, LRU
-    engine: dict[int, int] = field(default_factory=dict)  # engine hash -> own key
-    tiers: dict[int, int] = field(default_factory=dict)  # engine hash -> tiers, if not GPU
-    expiry: dict[int, float] = field(default_factory=dict)  # key -> expiry of a GUESS
-    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_COUNTERS, 0))
-
-
-class PrefixIndex:
+class PrefixIndex(EntryBook):
     """Blocks per endpoint, keyed by own chained hashes; see the module docstring."""
 
     def __init__(self, config: PrefixIndexConfig | None = None) -> None:
         self.config = config or PrefixIndexConfig()
-        self._endpoints: dict[str, _Endpoint] = {}
+        self._endpoints: dict[str, Endpoint] = {}
         self._holders: dict[int, int] = {}  # key -> bit mask of endpoints holding it
         self._free_bits: list[int] = []
         self._num_approximate = 0  # endpoints whose entries expire by age (expire() scans)
@@ -111,7 +86,7 @@ class PrefixIndex:
             if not self._free_bits:
                 self._free_bits.append(1 << len(self._endpoints))
             bit = self._free_bits.pop()
-            self._endpoints[name] = _Endpoint(name=name, bit=bit, source=source)
+            self._endpoints[name] = Endpoint(name=name, bit=bit, source=source)
             self._num_approximate += source is IndexSource.APPROXIMATE
         elif ep.source is not source:
             self.clear_endpoint(name)
@@ -174,7 +149,7 @@ class PrefixIndex:
             if self._num_engine_hashes > self.config.max_engine_hashes:
                 self.clear_endpoint(endpoint)
 
-    def _apply_stored(self, ep: _Endpoint, event: BlockStored) -> None:
+    def _apply_stored(self, ep: Endpoint, event: BlockStored) -> None:
         size = self.config.block_size
         if (
             event.block_size != size
@@ -194,7 +169,34 @@ class PrefixIndex:
             parent = found
         tier = _tier(event.medium)
         keys = block_keys(event.token_ids, size, parent)
-        for engine_hash, key in zip(event.block_hashes, keys, strict=True):
+        if tier != GPU or ep.tiers:
+            self._store_tiered(ep, event.block_hashes, keys, tier)
+        else:  # the common case, inlined: GPU blocks, no CPU tier known on the endpoint
+            engine, entries, expiry, holders = ep.engine, ep.entries, ep.expiry, self._holders
+            bit, touch, num_new = ep.bit, entries.move_to_end, 0
+            for engine_hash, key in zip(event.block_hashes, keys, strict=True):
+                if engine_hash not in engine:
+                    num_new += 1
+                engine[engine_hash] = key
+                if expiry:
+                    expiry.pop(key, None)
+                old = entries.get(key)
+                if old is None:
+                    entries[key] = GPU
+                    holders[key] = holders.get(key, 0) | bit
+                    self._num_entries += 1
+                    if self._num_entries > self.config.max_entries:
+                        self._evict()
+                else:
+                    entries[key] = (old & ~GUESS) | GPU
+                    touch(key)
+            self._num_engine_hashes += num_new
+        ep.counts["blocks_stored"] += len(keys)
+
+    def _store_tiered(
+        self, ep: Endpoint, hashes: Sequence[int], keys: list[int], tier: int
+    ) -> None:
+        for engine_hash, key in zip(hashes, keys, strict=True):
             old = ep.engine.get(engine_hash)
             if old is None:
                 self._num_engine_hashes += 1
@@ -206,9 +208,8 @@ class PrefixIndex:
                 ep.tiers[engine_hash] = tiers
             ep.expiry.pop(key, None)
             self._set(ep, key, tier, clear=GUESS)
-        ep.counts["blocks_stored"] += len(keys)
 
-    def _apply_removed(self, ep: _Endpoint, hashes: Sequence[int], tier: int) -> None:
+    def _apply_removed(self, ep: Endpoint, hashes: Sequence[int], tier: int) -> None:
         for engine_hash in hashes:
             key = ep.engine.get(engine_hash)
             if key is None:
@@ -242,11 +243,16 @@ class PrefixIndex:
             self.config.speculative_ttl_s if precise else self.config.approximate_ttl_s
         )
         entries, expiry, touch = ep.entries, ep.expiry, ep.entries.move_to_end
-        for key in keys:
-            flags = entries.get(key)
+        holders, bit, get = self._holders, ep.bit, entries.get
+        for key in keys:  # ``_set(ep, key, GUESS)`` inlined for a new entry
+            flags = get(key)
             if flags is None:
                 expiry[key] = expires_at
-                self._set(ep, key, GUESS)
+                entries[key] = GUESS
+                holders[key] = holders.get(key, 0) | bit
+                self._num_entries += 1
+                if self._num_entries > self.config.max_entries:
+                    self._evict()
                 continue
             touch(key)
             if not flags & GPU:  # confirmed in GPU memory needs no guess
@@ -264,10 +270,7 @@ class PrefixIndex:
             expires_at, name, keys = queue.popleft()
             ep = self._endpoints.get(name)
             if ep is not None:
-                for key in keys:
-                    if ep.expiry.get(key) == expires_at:
-                        del ep.expiry[key]
-                        self._unset(ep, key, GUESS)
+                self._expire_guesses(ep, keys, expires_at)
         for ep in self._endpoints.values() if self._num_approximate else ():
             if ep.source is IndexSource.APPROXIMATE:
                 self._expire_oldest(ep, now)
@@ -275,7 +278,20 @@ class PrefixIndex:
         self._expirations += gone
         return gone
 
-    def _expire_oldest(self, ep: _Endpoint, now: float) -> None:
+    def _expire_guesses(self, ep: Endpoint, keys: Sequence[int], expires_at: float) -> None:
+        """Unset the guesses of one routed prompt that no later guess renewed."""
+        expiry, entries, get = ep.expiry, ep.entries, ep.expiry.get
+        for key in keys:
+            if get(key) == expires_at:
+                del expiry[key]
+                flags = entries.get(key, 0) & ~GUESS  # ``_unset(ep, key, GUESS)`` inlined
+                if flags:
+                    entries[key] = flags
+                elif entries.pop(key, None) is not None:
+                    self._num_entries -= 1
+                    self._unhold(key, ep.bit)
+
+    def _expire_oldest(self, ep: Endpoint, now: float) -> None:
         # Approximate entries are touched exactly when their expiry is set, so the LRU
         # order is the expiry order: expire from the front.
         while ep.entries and ep.expiry.get(key := next(iter(ep.entries)), now) <= now:
@@ -350,58 +366,3 @@ class PrefixIndex:
             num_engine_hashes=len(ep.engine),
             **ep.counts,
         )
-
-    # -- entry bookkeeping ------------------------------------------------------------
-
-    def _set(self, ep: _Endpoint, key: int, flag: int, clear: int = 0) -> None:
-        entries = ep.entries
-        old = entries.get(key)
-        if old is None:
-            entries[key] = flag
-            self._holders[key] = self._holders.get(key, 0) | ep.bit
-            self._num_entries += 1
-            if self._num_entries > self.config.max_entries:
-                self._evict()
-        else:
-            entries[key] = (old & ~clear) | flag
-            entries.move_to_end(key)
-
-    def _unset(self, ep: _Endpoint, key: int, flag: int) -> None:
-        entries = ep.entries
-        old = entries.get(key)
-        if old is None:
-            return
-        new = old & ~flag
-        if new:
-            entries[key] = new
-            return
-        del entries[key]
-        ep.expiry.pop(key, None)
-        self._num_entries -= 1
-        self._unhold(key, ep.bit)
-
-    def _unhold(self, key: int, bit: int) -> None:
-        mask = self._holders.get(key, 0) & ~bit
-        if mask:
-            self._holders[key] = mask
-        else:
-            self._holders.pop(key, None)
-
-    def _evict(self) -> None:
-        """Evict a batch (max_entries / 1024, at least 1): each the LRU entry of the then
-        largest endpoint. One heap build per batch, not an O(endpoints) scan per entry."""
-        target = self.config.max_entries + 1 - max(1, self.config.max_entries >> 10)
-        eps = self._endpoints.values()
-        heap = [(-len(ep.entries), i, ep) for i, ep in enumerate(eps) if ep.entries]
-        heapq.heapify(heap)  # ties: registration order, as max() over the dict would pick
-        while self._num_entries > target and heap:
-            size, i, victim = heap[0]
-            key, _ = victim.entries.popitem(last=False)
-            victim.expiry.pop(key, None)
-            self._num_entries -= 1
-            self._unhold(key, victim.bit)
-            self._evictions += 1
-            if size + 1 < 0:
-                heapq.heapreplace(heap, (size + 1, i, victim))
-            else:
-                heapq.heappop(heap)
