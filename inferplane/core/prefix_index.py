@@ -52,9 +52,20 @@ from inferplane.core.prefix_blocks import tier_of as _tier
 from inferplane.core.prefix_entries import Endpoint, EntryBook
 
 __all__ = [
-    *("BYTES_PER_ENGINE_HASH", "BYTES_PER_ENTRY", "BYTES_PER_GUESS", "BYTES_PER_KEY"),
-    *("CPU", "GPU", "GUESS", "EndpointIndexStats", "IndexSource", "IndexStats"),
-    *("PrefixIndex", "PrefixIndexConfig", "block_keys", "root_key"),
+    "BYTES_PER_ENGINE_HASH",
+    "BYTES_PER_ENTRY",
+    "BYTES_PER_GUESS",
+    "BYTES_PER_KEY",
+    "CPU",
+    "GPU",
+    "GUESS",
+    "EndpointIndexStats",
+    "IndexSource",
+    "IndexStats",
+    "PrefixIndex",
+    "PrefixIndexConfig",
+    "block_keys",
+    "root_key",
 ]
 
 _TIERS = GPU | CPU
