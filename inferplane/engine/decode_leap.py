@@ -15,7 +15,7 @@ of the scheduler: it works on the scheduler's own state. Pure: times are argumen
 
 from __future__ import annotations
 
-from inferplane.engine.generation import open_block
+from inferplane.engine.generation import fill, open_block
 from inferplane.engine.scheduler import Scheduler
 from inferplane.engine.sequence import SeqStatus, Sequence, StepPlan
 from inferplane.engine.types import EOS_TOKEN_ID, BlockRemoved, EngineEvent
@@ -62,6 +62,11 @@ def run_decode_stretch(sched: Scheduler, ends: list[float], events: list[EngineE
     running = list(sched.running)
     gen = sched._gen
     num_steps = len(ends)
+    if gen.content_free and all(seq.request.ignore_eos for seq in running):
+        for seq in running:  # no EOS, no chain: the stand-in tokens by position
+            seq.token_ids += fill(len(seq.token_ids), num_steps)
+        _apply_kv(sched, running, ends, events)
+        return num_steps
     drawn: list[tuple[list[int], int]] = []
     for seq in running:
         block = open_block(seq.token_ids)

@@ -94,6 +94,9 @@ class TokenGenerator:
 
     __slots__ = ("_eos_threshold",)
 
+    #: Whether the tokens are the greedy rule's (False) or a stand-in (``ContentFreeGenerator``).
+    content_free = False
+
     def __init__(self, mean_output_tokens: int) -> None:
         if mean_output_tokens < 1:
             raise ValueError(f"mean_output_tokens must be >= 1, got {mean_output_tokens}")
@@ -163,3 +166,44 @@ class TokenGenerator:
         chain = context_chain(tokens)
         out, _ = self.run(chain, open_block(tokens), max_tokens, ignore_eos)
         return out
+
+
+#: The content-free generator's tokens: token ``L % GEN_BLOCK_TOKENS`` of this follows a
+#: context of ``L`` tokens (16 text tokens, from the chain of the empty context's draw).
+_FILL = block_draw(_SEED)[0][:GEN_BLOCK_TOKENS]
+
+
+class ContentFreeGenerator(TokenGenerator):
+    """A :class:`TokenGenerator` for callers that never read the answer (the simulator).
+
+    A request with ``ignore_eos`` stops by length alone, so what it generates changes no
+    time; only its KV blocks matter, and those are told apart by their chained hashes,
+    which already differ wherever the contexts do. Its tokens are therefore a fixed
+    pattern by position (:data:`_FILL`): still a pure function of the context (the same
+    context, the same answer, so duplicate blocks stay duplicates), at no hashing cost.
+    Requests without ``ignore_eos`` are generated as :class:`TokenGenerator` does.
+    """
+
+    __slots__ = ()
+
+    content_free = True
+
+    def extend(self, chain: int, tokens: list[int], ignore_eos: bool) -> tuple[int, int]:
+        if not ignore_eos:
+            return super().extend(chain, tokens, ignore_eos)
+        token = _FILL[len(tokens) % GEN_BLOCK_TOKENS]
+        tokens.append(token)
+        return token, chain
+
+    def run(
+        self, chain: int, block: Sequence[int], num_tokens: int, ignore_eos: bool
+    ) -> tuple[list[int], int]:
+        if not ignore_eos:
+            return super().run(chain, block, num_tokens, ignore_eos)
+        return fill(len(block), num_tokens), chain
+
+
+def fill(context_tokens: int, num_tokens: int) -> list[int]:
+    """``ContentFreeGenerator``'s ``num_tokens`` tokens after a context of that length."""
+    r = context_tokens % GEN_BLOCK_TOKENS
+    return (_FILL * ((r + num_tokens) // GEN_BLOCK_TOKENS + 1))[r : r + num_tokens]

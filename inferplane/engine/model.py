@@ -33,7 +33,7 @@ one go (``decode_leap``): the same state, events and times as stepping, less Pyt
 from __future__ import annotations
 
 from inferplane.engine.decode_leap import blocks_needed, run_decode_stretch, stretch_steps
-from inferplane.engine.generation import TokenGenerator
+from inferplane.engine.generation import ContentFreeGenerator, TokenGenerator
 from inferplane.engine.kvcache import BlockPool
 from inferplane.engine.perf import PerfModel
 from inferplane.engine.profiles import EngineProfile
@@ -63,6 +63,7 @@ class EngineModel:
         priority_scheduling: bool = False,
         kv_events: bool = True,
         num_gpu_blocks: int | None = None,
+        content_free: bool = False,
     ) -> None:
         if time_scale <= 0:
             raise ValueError(f"time_scale must be > 0, got {time_scale}")
@@ -76,7 +77,7 @@ class EngineModel:
         self._pool = BlockPool(blocks, profile.block_size, seed)
         self._sched = Scheduler(
             self._pool,
-            TokenGenerator(profile.mean_output_tokens),
+            (ContentFreeGenerator if content_free else TokenGenerator)(profile.mean_output_tokens),
             max_model_len=self.max_model_len,
             max_num_seqs=profile.max_num_seqs,
             max_num_batched_tokens=profile.max_num_batched_tokens,

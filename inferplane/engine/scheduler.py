@@ -113,7 +113,7 @@ class Scheduler:
             token_ids=list(prompt),
             num_prompt_tokens=num_prompt,
             max_len=min(num_prompt + request.max_tokens, self.max_model_len, capacity),
-            gen_chain=context_chain(prompt),
+            gen_chain=0 if self._gen.content_free and request.ignore_eos else context_chain(prompt),
         )
         self._next_order += 1
         self._by_id[request.request_id] = seq
