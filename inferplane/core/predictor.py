@@ -16,6 +16,16 @@ Model (per endpoint, from a prior of the endpoint's hardware, calibrated online)
   predicts a long TTFT, which is what lets routing leave a hot prefix holder.
 * TPOT = base + per-sequence cost x batch + full-KV read cost x KV usage.
 
+For the breaker only, ``queue_wait_s`` adds what the TTFT above leaves out on an engine
+that queues with free slots or whose KV is full (KV-bound): a new call starts as running
+calls finish, one every (decode time / running calls), so it waits about (queued + 1) x
+that. The decode time
+is the uncalibrated TPOT times the decode steps a call takes, learned over every endpoint
+(first token to finish, over the TPOT predicted at dispatch: a slow engine's share moves
+it by its share only), so a healthy engine's own queue explains its wait while a degraded
+engine's queue, emptied 5x slower, does not. Routing does not use it: folding it into the
+routing TTFT (e2a8925) cost hit rate live.
+
 Calibration: each observed TTFT (TPOT) divided by the uncalibrated prediction made at
 dispatch is a ratio; a per-endpoint factor follows those ratios as an EWMA in log space, each
 ratio clipped to within ``clip_ratio`` of the current factor (so one outlier moves it by a
@@ -38,6 +48,8 @@ from inferplane.core.routing_config import EndpointPrior, PredictorConfig
 from inferplane.core.types import EndpointView
 
 _INITIAL_MEAN_UNCACHED_TOKENS = 512.0
+_STEPS_ALPHA = 0.05  # EWMA weight of one call's decode steps (in log space)
+_KV_FULL = 0.9  # KV usage from which a new call waits for a running one to finish
 _MAX_RESOLVED = 10_000
 _MAX_MEMO = 4096  # predictions kept between two observations
 
@@ -93,6 +105,7 @@ class _Pending:
     raw_ttft_s: float
     raw_tpot_s: float
     started: bool = False  # first token seen: no longer queued prefill work
+    first_token_s: float | None = None  # when it came (the decode time runs from it)
 
 
 class LatencyPredictor:
@@ -108,6 +121,7 @@ class LatencyPredictor:
         self._queued_tokens: dict[str, int] = {}
         self._queued_calls: dict[str, int] = {}
         self._mean_uncached = _INITIAL_MEAN_UNCACHED_TOKENS
+        self._log_decode_steps: float | None = None  # decode time / raw TPOT, EWMA in log
         # Predictions since the last change of state; the view is kept with its estimate,
         # so its id cannot be reused by another view while the entry lives.
         self._memo: dict[_MemoKey, tuple[EndpointView, LatencyEstimate]] = {}
@@ -248,6 +262,7 @@ class LatencyPredictor:
         self._memo.clear()
         self._unqueue(pending)
         pending.started = True
+        pending.first_token_s = now
         if pending.raw_ttft_s > 0:
             ratio = ttft_s / pending.raw_ttft_s
             self._ttft.setdefault(pending.endpoint, _Factor()).update(ratio, now, self.config)
@@ -259,9 +274,37 @@ class LatencyPredictor:
             return
         self._memo.clear()
         self._drop(request_id)
+        self._learn_decode_steps(pending, now)
         if tpot_s is not None and pending.raw_tpot_s > 0:
             ratio = tpot_s / pending.raw_tpot_s
             self._tpot.setdefault(pending.endpoint, _Factor()).update(ratio, now, self.config)
+
+    def _learn_decode_steps(self, pending: _Pending, now: float) -> None:
+        first_s = pending.first_token_s
+        if first_s is None or pending.raw_tpot_s <= 0 or now <= first_s:
+            return
+        log_steps = math.log(max(1.0, (now - first_s) / pending.raw_tpot_s))
+        mean = self._log_decode_steps
+        self._log_decode_steps = (
+            log_steps if mean is None else mean + _STEPS_ALPHA * (log_steps - mean)
+        )
+
+    def decode_steps(self) -> float | None:
+        """The decode steps a call takes, as learned (None before any call finished)."""
+        mean = self._log_decode_steps
+        return None if mean is None else math.exp(mean)
+
+    def queue_wait_s(self, view: EndpointView, model: str, raw_tpot_s: float) -> float:
+        """Uncalibrated wait of a call sent now behind the engine's queue when the engine
+        queues with free slots or its KV is full (KV-bound), beyond what ``raw_ttft_s``
+        counts (module docstring); 0 when neither, or before any call finished."""
+        load, steps = view.load, self.decode_steps()
+        prior = self.prior(view, model)
+        kv_bound = load.num_waiting > 0 or (load.kv_usage >= _KV_FULL and load.num_running > 0)
+        if not kv_bound or steps is None or load.num_running >= prior.max_num_seqs:
+            return 0.0
+        running = max(1, load.num_running)
+        return (load.num_waiting + 1) * steps * max(0.0, raw_tpot_s) / running
 
     def _unqueue(self, pending: _Pending) -> None:
         ep = pending.endpoint

@@ -12,10 +12,11 @@ drops out and the others go on; when the last one fails, its failure goes to the
 which retries or gives up as for any attempt.
 
 The predicted p95 TTFT (the core's ``hedge_after_s``) is the predictor's *uncalibrated* TTFT
-of the call on that endpoint (its queue and prefill as a healthy engine would serve them)
-times the pool's *median* calibration factor (so a fleet that is slower than its profile
-everywhere raises the delay, while one degraded engine, whose own factor absorbs its
-slowness, does not) times ``p95_over_mean``.
+of the call on that endpoint (its queue and prefill as a healthy engine would serve them,
+with the wait behind a KV-bound engine's queue: ``Reliability.expected``) times the pool's
+*median* calibration factor (so a fleet that is slower than its profile everywhere raises
+the delay, while one degraded engine, whose own factor absorbs its slowness, does not)
+times ``p95_over_mean``.
 
 The proxy calls ``post`` where it would call ``session.post``; it returns the winner's
 response with the bytes read during the race put back in front (``hedge_io.Primed``). When a hedge
@@ -165,12 +166,9 @@ class Hedging:
         return _Racer(cand.endpoint, started_s, predicted, asyncio.create_task(coro))
 
     def _predict(self, endpoint: str, call: CallState, now: float) -> Predicted:
-        predictor = self._rel.predictor
-        if predictor is None:
+        if self._rel.predictor is None:
             return None, None
-        view = self._tracker.view(endpoint, now)
-        est = predictor.predict(view, call.ctx.model, call.ctx.num_prompt_tokens, now)
-        return est.raw_ttft_s, est.raw_tpot_s
+        return self._rel.expected(endpoint, call.ctx.model, call.ctx.num_prompt_tokens, now)
 
     def _pool_factors(self, call: CallState) -> list[float]:
         """The TTFT calibration factors of the endpoints serving the call's model."""

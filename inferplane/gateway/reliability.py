@@ -7,7 +7,10 @@ a pool being the first model an endpoint serves), and per pool one ``RetryBudget
 * ``begin_call`` / ``end_call``: the workflow earns retry allowance, the throttle may shed
   the call (429 with ``Retry-After``), the pool's active count feeds the budget;
 * ``predict`` at dispatch: the predictor's *uncalibrated* TTFT/TPOT (a calibrated one
-  absorbs a degraded GPU's slowness), against which ``record`` measures each attempt;
+  absorbs a degraded GPU's slowness), the TTFT with the wait behind the engine's queue
+  when the engine queues with free slots (``expected``: a KV-full engine's queue explains
+  its TTFT; without it the breaker ejected healthy KV-full engines as latency outliers),
+  against which ``record`` measures each attempt;
 * ``record`` when an attempt ends: the breaker counts it; a transition (ejection, probe,
   return) is logged and mirrored in the tracker (EJECTED while the breaker is open);
   latencies count however the attempt ended (a client that gave up on a slow stream
@@ -158,22 +161,43 @@ class Reliability:
         estimate: LatencyEstimate | None = None,
     ) -> tuple[float | None, float | None]:
         """The uncalibrated (TTFT, TPOT) predicted for ``ctx`` on ``endpoint`` now (routing's
-        ``estimate`` at dispatch when given, not computed twice); the attempt is watched
-        until ``record`` (called from the same task) ends it."""
+        ``estimate`` at dispatch when given, not computed twice), the TTFT with the wait
+        for the engine's queue (``expected``); the attempt is watched until ``record``
+        (called from the same task) ends it."""
         if self.predictor is None:
             return None, None
-        est = estimate
-        if est is None:
-            view = self._tracker.view(endpoint, now)
-            est = self.predictor.predict(view, ctx.model, ctx.num_prompt_tokens, now)
+        ttft_s, tpot_s = self.expected(endpoint, ctx.model, ctx.num_prompt_tokens, now, estimate)
         num_tokens = ctx.max_tokens or 0
         if num_tokens > 0 and self.config.breaker.enabled:
             # Watched only with a predicted total: the overdue check skips the others.
-            total = est.raw_ttft_s + est.raw_tpot_s * (num_tokens - 1)
+            total = ttft_s + tpot_s * (num_tokens - 1)
             task = _current_task() if total else None
             if task is not None:
                 self._running[task] = _Running(endpoint, now, total, num_tokens)
-        return est.raw_ttft_s, est.raw_tpot_s
+        return ttft_s, tpot_s
+
+    def expected(
+        self,
+        endpoint: str,
+        model: str,
+        num_prompt_tokens: int,
+        now: float,
+        estimate: LatencyEstimate | None = None,
+    ) -> tuple[float, float]:
+        """What the breaker judges an attempt sent now against: the predictor's
+        uncalibrated (TTFT, TPOT), the TTFT plus its wait behind the engine's queue when
+        the engine queues with free slots (``LatencyPredictor.queue_wait_s``), so that a
+        healthy engine's latency explained by its own queue is not an outlier while a
+        degraded one's still is (that wait is at a healthy engine's pace)."""
+        assert self.predictor is not None
+        view = self._tracker.view(endpoint, now)
+        est = estimate
+        if est is None:
+            est = self.predictor.predict(view, model, num_prompt_tokens, now)
+        queue_s = self.predictor.queue_wait_s(view, model, est.raw_tpot_s)
+        if queue_s > 0:
+            self.counts["queued_dispatches"] += 1
+        return est.raw_ttft_s + queue_s, est.raw_tpot_s
 
     def dispatch(self, endpoint: str) -> None:
         if self.config.breaker.enabled:

@@ -157,3 +157,38 @@ def test_garbage_observations_are_ignored() -> None:
     pred.on_first_token("unknown", 1.0, 0.0)
     pred.on_finish("r", 0.0, tpot_s=-1.0)
     assert pred.ttft_factor("a", 0.0) == 1.0 and pred.tpot_factor("a", 0.0) == 1.0
+
+
+def _learn_steps(pred: LatencyPredictor, steps: int, raw_tpot_s: float, calls: int) -> None:
+    """Calls on ``e`` whose decode (first token to finish) took ``steps`` raw TPOTs."""
+    for i in range(calls):
+        est = pred.predict(view("e"), "m", 10, float(i))
+        pred.on_dispatch(f"c{i}", "e", 10, est)
+        pred.on_first_token(f"c{i}", 0.1, float(i))
+        pred.on_finish(f"c{i}", float(i) + steps * est.raw_tpot_s)
+    assert est.raw_tpot_s == pytest.approx(raw_tpot_s)
+
+
+def test_queue_wait_counts_calls_ahead_at_the_healthy_decode_pace() -> None:
+    """A KV-bound engine (it queues, or its KV is full): a new call waits for (queued + 1)
+    running calls to finish, one every (decode steps x raw TPOT / running)."""
+    pred = _pred()
+    assert pred.decode_steps() is None
+    assert pred.queue_wait_s(view("a", running=4, waiting=3), "m", 0.02) == 0.0  # not learned
+    _learn_steps(pred, 20, 0.011, calls=3)
+    assert pred.decode_steps() == pytest.approx(20)
+    queued = pred.queue_wait_s(view("a", running=4, waiting=3), "m", 0.02)
+    assert queued == pytest.approx((3 + 1) * 20 * 0.02 / 4)
+    full = pred.queue_wait_s(view("a", running=4, kv=0.95), "m", 0.02)
+    assert full == pytest.approx(20 * 0.02 / 4)
+    assert pred.queue_wait_s(view("a", running=4, kv=0.5), "m", 0.02) == 0.0  # room left
+    # the routing prediction does not include it
+    assert pred.predict(view("a", running=4, waiting=3), "m", 10, 9.0).ttft_s < queued
+
+
+def test_decode_steps_follow_calls_with_a_bounded_step() -> None:
+    pred = _pred()
+    _learn_steps(pred, 20, 0.011, calls=1)
+    _learn_steps(pred, 100, 0.011, calls=1)  # one 5x slow call moves it a twentieth in log
+    steps = pred.decode_steps()
+    assert steps is not None and 20 < steps < 20 * 5**0.06
