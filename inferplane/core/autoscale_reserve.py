@@ -187,9 +187,28 @@ class BurstReserve:
         quiet demand at most the demand now, ``now_tokens_per_s``, by default the ``demand``;
         the whole at most ``prior_cap_tokens_per_s``) and ``demand x learned factor`` (at most
         the decayed highest rate seen)."""
+        learned, prior_part = self.reserve_parts(
+            demand_tokens_per_s, now_s, prior=prior, memory_s=memory_s,
+            prior_cap_tokens_per_s=prior_cap_tokens_per_s, now_tokens_per_s=now_tokens_per_s,
+        )  # fmt: skip
+        return max(learned, prior_part)
+
+    def reserve_parts(
+        self,
+        demand_tokens_per_s: float,
+        now_s: float,
+        *,
+        prior: float,
+        memory_s: float,
+        prior_cap_tokens_per_s: float = math.inf,
+        now_tokens_per_s: float | None = None,
+    ) -> tuple[float, float]:
+        """The reserve's two parts, tokens/s: the learned one (``demand x learned factor``,
+        at most the decayed highest rate seen) and the prior's (``prior x quiet demand``, at
+        most ``prior_cap_tokens_per_s``), as :meth:`reserve_tokens_per_s` takes them."""
         learned = self.factor_at(now_s, memory_s)
         seen = min(demand_tokens_per_s * learned, self.peak_at(now_s, memory_s))
         now = demand_tokens_per_s if now_tokens_per_s is None else now_tokens_per_s
         quiet = self.quiet_tokens_per_s
         quiet = now if quiet is None else min(now, quiet)
-        return max(0.0, seen, min(prior * quiet, prior_cap_tokens_per_s))
+        return max(0.0, seen), max(0.0, min(prior * quiet, prior_cap_tokens_per_s))

@@ -17,11 +17,17 @@ How the desired size is found:
   cold-start horizon (:mod:`inferplane.core.autoscale_surge`); the scale-down window then
   holds what was bought while the surge plays out. :meth:`Autoscaler.surging` lets a body
   check a window before its tick is due (at ``early_surge_z``) and tick at once.
+* **burst episodes**: a burst that will be over before a replica bought now would serve
+  ``burst_min_serve_s`` of it (its expected length: the longest seen, or ``burst_length_s``)
+  buys nothing more; when it ends, its needs leave the scale-down window, so the replicas it
+  brought drain at once (:mod:`inferplane.core.autoscale_burst`).
 * **burst reserve**: spare warm capacity at ``reserve_utilisation`` for the larger of
   ``burst_prior x quiet demand`` (the day's trough: a fixed amount, at most
   ``reserve_max_replicas`` over need) and ``demand x learned burst factor`` (held, decaying
   with ``burst_memory_s``, capped by the highest rate seen)
-  (:mod:`inferplane.core.autoscale_reserve`): it covers a burst's first cold start.
+  (:mod:`inferplane.core.autoscale_reserve`): it covers a burst's first cold start. The
+  prior's part buys replicas; the learned part only keeps those a burst brought (it holds
+  them in the scale-down window) and buys none once the burst is over.
 * **learned utilisation**: the fraction of each replica's modelled throughput planned for
   starts at ``target_utilisation`` and rises while the SLO holds at load, up to
   ``max_utilisation``; an SLO miss resets it and lowers its ceiling
@@ -44,12 +50,14 @@ Pure: no clock, no I/O; ``now_s`` comes in the signal and the state is a value p
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from inferplane.core.autoscale_burst import BurstEpisode, late_for_burst
 from inferplane.core.autoscale_learn import Learned, learned_utilisation
 from inferplane.core.autoscale_plan import ScaleAction, plan
 from inferplane.core.autoscale_plan import capacity as _capacity
 from inferplane.core.autoscale_plan import cheapest_for as _cheapest_for
+from inferplane.core.autoscale_policy import GpuOption, PoolPolicy
 from inferplane.core.autoscale_reserve import BurstReserve, slow_baseline
 from inferplane.core.autoscale_surge import surge_rate
 from inferplane.core.forecast import Forecast, HoltForecast, ScheduleForecast
@@ -66,98 +74,6 @@ __all__ = [
     "ScaleDecision",
     "ScheduleForecast",
 ]
-
-
-@dataclass(frozen=True, slots=True)
-class GpuOption:
-    """One way to serve a pool's model: a replica of this GPU type."""
-
-    gpu: str
-    price_per_hour_usd: float  # per replica (all its GPUs)
-    tokens_per_s: float  # sustainable prompt + output tokens per second per replica
-    cold_start_s: float  # from start to serving
-
-    @property
-    def usd_per_million_tokens(self) -> float:
-        return 1e6 * self.price_per_hour_usd / (3600.0 * self.tokens_per_s)
-
-
-@dataclass(frozen=True, slots=True)
-class PoolPolicy:
-    """How one pool may be sized."""
-
-    pool: str
-    options: tuple[GpuOption, ...]
-    min_replicas: int = 1
-    max_replicas: int = 8
-    target_utilisation: float = 0.7  # plan for this fraction of each replica's throughput
-    # Learned: windows within SLO at load raise the fraction planned for by utilisation_step
-    # up to this (None: no learning), an SLO miss resets it (core/autoscale_learn.py).
-    max_utilisation: float | None = 0.9
-    utilisation_step: float = 0.02
-    backlog_drain_s: float = 30.0  # a backlog should drain within this
-    slo_target: float = 0.95  # attainment below this while the pool runs hot adds a replica
-    hot_utilisation: float = 0.5  # "runs hot": observed demand over this fraction of capacity
-    scale_down_window_s: float = 300.0
-    scale_down_cooldown_s: float = 120.0
-    down_tolerance: float = 0.1
-    tick_s: float = 15.0
-    surge_z: float = 3.0  # calls this many Poisson sigmas above the forecast: a surge
-    surge_max_factor: float = 2.0  # a surge extrapolates to at most this x the observed rate
-    surge_windows: int = 4  # windows the surge's slope is fitted over (least squares)
-    early_surge_z: float = 3.5  # a window not yet due this far over the forecast: tick now
-    burst_prior: float = 1.0  # burst over the quiet demand the reserve covers (1: none)
-    # Half-life of the learned burst factor (None: twice scale_down_window_s, the time the
-    # loop holds a peak's capacity; a day compressed for a bench compresses both alike).
-    burst_memory_s: float | None = None
-    burst_max_factor: float = 8.0  # the learned factor's cap
-    # The quiet demand the prior scales is the lowest level of demand over this window
-    # (None: 288 x scale_down_window_s, a day at the default window: the day's trough).
-    quiet_window_s: float | None = None
-    reserve_max_replicas: int = 1  # the prior's reserve: at most this many replicas over need
-    burst_z: float = 2.0  # a window's count is read at its Poisson lower bound, z sigmas down
-    reserve_utilisation: float = 1.0  # the reserve may run this hot until the loop catches up
-    reserve_baseline_s: float = 60.0  # time constant of the slow demand the reserve scales
-
-    def __post_init__(self) -> None:
-        if not self.options:
-            raise ValueError(f"pool {self.pool!r}: at least one GPU option")
-        if not 0 <= self.min_replicas <= self.max_replicas:
-            raise ValueError(f"pool {self.pool!r}: need 0 <= min_replicas <= max_replicas")
-        if not 0 < self.target_utilisation <= 1:
-            raise ValueError(f"pool {self.pool!r}: target_utilisation in (0, 1]")
-        most = self.max_utilisation
-        if (most is not None and not 0 < most <= 1) or self.utilisation_step <= 0:
-            raise ValueError(f"pool {self.pool!r}: max_utilisation in (0, 1], step > 0")
-        if any(o.tokens_per_s <= 0 or o.price_per_hour_usd < 0 for o in self.options):
-            raise ValueError(f"pool {self.pool!r}: options need tokens_per_s > 0, price >= 0")
-        if min(self.surge_z, self.early_surge_z) <= 0 or self.surge_max_factor < 1:
-            raise ValueError(f"pool {self.pool!r}: need surge z > 0, surge_max_factor >= 1")
-        if self.surge_windows < 2:
-            raise ValueError(f"pool {self.pool!r}: surge_windows >= 2")
-        if not 1 <= self.burst_prior <= self.burst_max_factor or self.memory_s < 0:
-            raise ValueError(f"pool {self.pool!r}: need 1 <= burst_prior <= burst_max_factor")
-        low = min(self.burst_z, self.quiet_s, self.reserve_max_replicas)
-        if not 0 < self.reserve_utilisation <= 1 or low < 0 or self.reserve_baseline_s <= 0:
-            raise ValueError(
-                f"pool {self.pool!r}: reserve_utilisation in (0, 1], reserve knobs >= 0"
-            )
-
-    @property
-    def memory_s(self) -> float:
-        """The learned burst factor's half-life."""
-        if self.burst_memory_s is None:
-            return 2.0 * self.scale_down_window_s
-        return self.burst_memory_s
-
-    @property
-    def quiet_s(self) -> float:
-        """The window over which the quiet demand is the lowest level."""
-        window_s = self.quiet_window_s
-        return 288.0 * self.scale_down_window_s if window_s is None else window_s
-
-    def option(self, gpu: str) -> GpuOption | None:
-        return next((o for o in self.options if o.gpu == gpu), None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +111,7 @@ class _PoolMemory:
     reserve: BurstReserve = field(default_factory=BurstReserve)
     slow: HoltForecast = field(default_factory=HoltForecast)  # the reserve's baseline demand
     learned: Learned = field(default_factory=Learned)  # utilisation planned for, from the SLO
+    episode: BurstEpisode = field(default_factory=BurstEpisode)  # the burst on now, lengths
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,35 +185,33 @@ def _decide_pool(
     policy: PoolPolicy, signal: PoolSignal, memory: _PoolMemory, given: Forecast | None
 ) -> tuple[ScaleDecision, _PoolMemory]:
     now = signal.now_s
-    holt = memory.forecast.update(signal.tokens_per_s, now)
+    episode = _episode(policy, signal, memory)
+    ended = memory.episode.on and not episode.on
+    # A burst that ended leaves the fast forecast: its level and trend are not the demand's.
+    holt = (replace(memory.forecast, at_s=None) if ended else memory.forecast).update(
+        signal.tokens_per_s, now
+    )
     forecast: Forecast = holt if given is None else given
     current = signal.replicas()
-    horizon_s = _horizon_s(policy)
-    surge = _surge_demand(policy, signal, memory, horizon_s, policy.surge_z)
-    demand = max(signal.tokens_per_s, forecast.peak_tokens_per_s(now, now + horizon_s), surge)
     capacity = _capacity(policy, current)
-    learned = learned_utilisation(policy, signal, memory.learned)
-    utilisation = learned.utilisation
-    need = demand / utilisation + signal.backlog_tokens / policy.backlog_drain_s
-    reasons = [f"demand {demand:.0f} tok/s (horizon {horizon_s:.0f} s, at {utilisation:.2f})"]
-    reserve, slow, spare = _reserve(policy, signal, memory, forecast, horizon_s, demand, need)
-    if spare / policy.reserve_utilisation > need:
-        need = spare / policy.reserve_utilisation
-        reasons.append(f"burst reserve {spare:.0f} tok/s (x{spare / max(demand, 1e-9):.1f} demand)")
-    if surge > 0:
-        reasons.append(f"surge: {signal.tokens_per_s:.0f} tok/s rising, {surge:.0f} ahead")
-    if signal.backlog_tokens > 0:
-        reasons.append(f"backlog {signal.backlog_tokens:.0f} tok")
-    hot = capacity > 0 and signal.tokens_per_s > policy.hot_utilisation * capacity
-    slo = signal.slo_attainment
-    slo_add = slo is not None and slo < policy.slo_target and hot
-    if slo_add:
-        need = max(need, capacity + _cheapest_for(policy, 1.0).tokens_per_s)
-        reasons.append(f"SLO attainment {slo:.3f} < {policy.slo_target}")
+    demand, need, learned, reasons = _demand_need(policy, signal, memory, forecast, capacity)
+    reserve, slow, (kept, bought) = _reserve(policy, signal, memory, forecast, demand, need)
+    if bought / policy.reserve_utilisation > need:
+        need = bought / policy.reserve_utilisation
+        reasons.append(
+            f"burst reserve {bought:.0f} tok/s (x{bought / max(demand, 1e-9):.1f} demand)"
+        )
+    rates = (*memory.rates, (now, signal.tokens_per_s))[-policy.surge_windows :]
+    need, late = _late_cap(policy, episode, now, rates, capacity, need)
+    if late:
+        reasons.append(late)
+    held = max(need, kept / policy.reserve_utilisation)  # the learned reserve only holds
+    since = memory.episode.start_s if ended else None
     needs = (
-        *((t, n) for t, n in memory.needs if t > now - policy.scale_down_window_s),
-        (now, need),
-    )
+        *((t, n) for t, n in memory.needs
+          if t > now - policy.scale_down_window_s and (since is None or t < since)),
+        (now, held),
+    )  # fmt: skip
     window_need = max(n for _, n in needs)
     desired, action, why = plan(policy, current, need, window_need, memory.last_up_s, now)
     reasons.append(why)
@@ -310,8 +225,75 @@ def _decide_pool(
         need_tokens_per_s=need,
         reason="; ".join(reasons),
     )
-    rates = (*memory.rates, (now, signal.tokens_per_s))[-policy.surge_windows :]
-    return decision, _PoolMemory(holt, needs[-256:], last_up, rates, reserve, slow, learned)
+    after = _PoolMemory(holt, needs[-256:], last_up, rates, reserve, slow, learned, episode)
+    return decision, after
+
+
+def _demand_need(
+    policy: PoolPolicy,
+    signal: PoolSignal,
+    memory: _PoolMemory,
+    forecast: Forecast,
+    capacity: float,
+) -> tuple[float, float, Learned, list[str]]:
+    """The demand sized for (forecast peak over the horizon, surge), the capacity it needs
+    with the backlog and SLO terms, the utilisation learned and the reasons."""
+    now = signal.now_s
+    horizon_s = _horizon_s(policy)
+    surge = _surge_demand(policy, signal, memory, horizon_s, policy.surge_z)
+    demand = max(signal.tokens_per_s, forecast.peak_tokens_per_s(now, now + horizon_s), surge)
+    learned = learned_utilisation(policy, signal, memory.learned)
+    utilisation = learned.utilisation
+    need = demand / utilisation + signal.backlog_tokens / policy.backlog_drain_s
+    reasons = [f"demand {demand:.0f} tok/s (horizon {horizon_s:.0f} s, at {utilisation:.2f})"]
+    if surge > 0:
+        reasons.append(f"surge: {signal.tokens_per_s:.0f} tok/s rising, {surge:.0f} ahead")
+    if signal.backlog_tokens > 0:
+        reasons.append(f"backlog {signal.backlog_tokens:.0f} tok")
+    hot = capacity > 0 and signal.tokens_per_s > policy.hot_utilisation * capacity
+    slo = signal.slo_attainment
+    if slo is not None and slo < policy.slo_target and hot:
+        need = max(need, capacity + _cheapest_for(policy, 1.0).tokens_per_s)
+        reasons.append(f"SLO attainment {slo:.3f} < {policy.slo_target}")
+    return demand, need, learned, reasons
+
+
+def _episode(policy: PoolPolicy, signal: PoolSignal, memory: _PoolMemory) -> BurstEpisode:
+    """The burst episode after this window: a surge over the settled slow baseline begins
+    one (:mod:`inferplane.core.autoscale_burst`)."""
+    holt = memory.slow if memory.slow.at_s is not None else memory.forecast
+    since, horizon_s = memory.reserve.since_s, _horizon_s(policy)
+    settled = since is not None and signal.now_s - since >= policy.reserve_baseline_s
+    return memory.episode.observe(
+        requests=signal.requests, tokens=signal.tokens, window_s=signal.window_s,
+        now_s=signal.now_s, baseline_tokens_per_s=max(holt.level, holt.predict(signal.now_s)),
+        z=policy.burst_z, on_ratio=policy.burst_on_ratio, off_ratio=policy.burst_off_ratio,
+        surging=settled and _surge_demand(policy, signal, memory, horizon_s, policy.surge_z) > 0,
+    )  # fmt: skip
+
+
+def _late_cap(
+    policy: PoolPolicy,
+    episode: BurstEpisode,
+    now_s: float,
+    rates: tuple[tuple[float, float], ...],
+    capacity: float,
+    need: float,
+) -> tuple[float, str]:
+    """The need: while a burst is on that will be over before a replica bought now serves
+    ``burst_min_serve_s`` of it, no more than the capacity there is (and why, else "")."""
+    cold_s = min(o.cold_start_s for o in policy.options)
+    serve_s = cold_s if policy.burst_min_serve_s is None else policy.burst_min_serve_s
+    left_s = late_for_burst(
+        episode, now_s, rates=rates, prior_length_s=policy.burst_length_s,
+        cold_start_s=cold_s, min_serve_s=serve_s,
+    )  # fmt: skip
+    if left_s is None or need <= capacity:
+        return need, ""
+    return (
+        capacity,
+        f"burst over in ~{left_s:.0f} s, before a replica bought now serves {serve_s:.0f} s",
+    )
 
 
 def _reserve(
@@ -319,27 +301,27 @@ def _reserve(
     signal: PoolSignal,
     memory: _PoolMemory,
     forecast: Forecast,
-    horizon_s: float,
     demand: float,
     need: float,
-) -> tuple[BurstReserve, HoltForecast, float]:
+) -> tuple[BurstReserve, HoltForecast, tuple[float, float]]:
     """The reserve after this window, its slow baseline and the spare demand (tokens/s) it
-    should carry: the learned part scales the slow baseline (never above the forecast), the
-    prior's the quiet demand (at most ``reserve_max_replicas`` replicas over ``need``)."""
+    should carry, in two parts: the learned one scales the slow baseline (never above the
+    forecast), the prior's the quiet demand (at most ``reserve_max_replicas`` replicas over
+    ``need``)."""
     now = signal.now_s
     reserve = _observe_reserve(policy, signal, memory)
     slow = slow_baseline(
         memory.slow, tokens=signal.tokens, requests=signal.requests, window_s=signal.window_s,
         now_s=now, time_constant_s=policy.reserve_baseline_s,
     )  # fmt: skip
-    ahead = now + horizon_s
+    ahead = now + _horizon_s(policy)
     base = min(slow.peak_tokens_per_s(now, ahead), forecast.peak_tokens_per_s(now, ahead))
     cap = need + policy.reserve_max_replicas * _cheapest_for(policy, 1.0).tokens_per_s
-    spare = reserve.reserve_tokens_per_s(
+    parts = reserve.reserve_parts(
         base, now, prior=policy.burst_prior, memory_s=policy.memory_s,
         prior_cap_tokens_per_s=cap, now_tokens_per_s=demand,
     )  # fmt: skip
-    return reserve, slow, spare
+    return reserve, slow, parts
 
 
 def _observe_reserve(policy: PoolPolicy, signal: PoolSignal, memory: _PoolMemory) -> BurstReserve:

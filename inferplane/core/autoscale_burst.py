@@ -1,0 +1,119 @@
+"""Burst episodes for the autoscaler: is a burst on, since when, and how long do bursts last?
+
+A replica bought during a burst serves a cold start later. When the burst is over by then,
+the replica serves only the burst's tail and the quiet hours after it, which the replicas
+already there carry: it is paid for (cold start, service, drain) and helps no one. On the
+emulated fleet a cold start takes 46 s against a 60 s burst, and most replicas bought during
+it came ready after it had ended. :class:`BurstEpisode` tracks the burst that is on (when it
+began, the demand it rose from) and learns how long bursts last, so the loop can tell whether
+a replica bought now would still find the burst on (:func:`late_for_burst`):
+
+* a burst **begins** with a window that is a surge (the loop's test: sudden, rising) and
+  whose calls, read at their Poisson lower bound (``z`` sigmas down, as the reserve reads
+  them), are at least ``on_ratio`` x what the slow baseline expected, once that baseline has
+  settled (a ramp is no burst); the baseline then is the demand it rose from;
+* it **ends** with the first window whose rate is under ``off_ratio`` x that demand, or x the
+  slow baseline now if higher (the baseline follows a lasting rise slowly, so a step that
+  stays becomes the new demand after a few minutes instead of a burst without end); a burst
+  of at least two windows teaches its length (the longest seen is kept: a burst must not look
+  shorter than one already seen; a single noisy window teaches nothing);
+* its **expected end**: its start plus the learned length (or the operator's prior; none:
+  unknown, and the loop buys as before). One that has outlasted that length lasts as long
+  again as it has lasted so far (a Lindy estimate), unless its rate is already falling: then
+  it is in its tail.
+
+Pure: numbers in, a new value out; ``now_s`` is passed in.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from inferplane.core.autoscale_reserve import burst_ratio
+from inferplane.core.autoscale_surge import fitted_line
+
+__all__ = ["BurstEpisode", "late_for_burst"]
+
+
+@dataclass(frozen=True, slots=True)
+class BurstEpisode:
+    """The burst on now (if any) and the longest burst seen."""
+
+    start_s: float | None = None  # when the burst on now began (None: none is on)
+    base_tokens_per_s: float = 0.0  # the demand it rose from
+    windows: int = 0  # windows of the burst on now
+    length_s: float | None = None  # the longest burst seen (None: none yet)
+    ended_s: float | None = None  # when the last burst ended
+
+    @property
+    def on(self) -> bool:
+        return self.start_s is not None
+
+    def observe(
+        self,
+        *,
+        requests: int,
+        tokens: float,
+        window_s: float,
+        now_s: float,
+        baseline_tokens_per_s: float,
+        z: float,
+        on_ratio: float,
+        off_ratio: float,
+        surging: bool = True,
+    ) -> BurstEpisode:
+        """The episode after one window ending at ``now_s`` (``baseline``: the demand the
+        window was expected at, before it; ``surging``: whether it may start a burst, the
+        window a surge over a settled baseline)."""
+        if window_s <= 0:
+            return self
+        if self.start_s is None:
+            if requests <= 0 or baseline_tokens_per_s <= 0 or not surging:
+                return self
+            expected = baseline_tokens_per_s * window_s / (tokens / requests)
+            if burst_ratio(requests, expected, z) < on_ratio:
+                return self
+            return replace(
+                self, start_s=now_s - window_s, base_tokens_per_s=baseline_tokens_per_s, windows=1
+            )
+        if tokens / window_s >= off_ratio * max(self.base_tokens_per_s, baseline_tokens_per_s):
+            return replace(self, windows=self.windows + 1)
+        length = self.length_s
+        if self.windows >= 2:
+            length = max(length or 0.0, now_s - window_s - self.start_s)
+        return BurstEpisode(length_s=length, ended_s=now_s)
+
+    def remaining_s(self, now_s: float, *, prior_length_s: float | None, falling: bool) -> float:
+        """Seconds the burst on now is expected to last (0: none on, inf: unknown)."""
+        if self.start_s is None:
+            return 0.0
+        elapsed = max(0.0, now_s - self.start_s)
+        length = self.length_s if self.length_s is not None else prior_length_s
+        if length is None:
+            return math.inf
+        if elapsed < length:
+            return length - elapsed
+        return 0.0 if falling else elapsed
+
+
+def late_for_burst(
+    episode: BurstEpisode,
+    now_s: float,
+    *,
+    rates: Sequence[tuple[float, float]],
+    prior_length_s: float | None,
+    cold_start_s: float,
+    min_serve_s: float,
+) -> float | None:
+    """The burst's expected remaining seconds when a replica bought now would serve less than
+    ``min_serve_s`` of it (it comes ready ``cold_start_s`` from now), else None.
+
+    ``rates``: ``(at_s, tokens/s)`` of the last windows, this one included (their fitted
+    slope tells a burst in its tail)."""
+    if not episode.on:
+        return None
+    falling = len(rates) >= 2 and fitted_line(rates, now_s)[1] < 0
+    left_s = episode.remaining_s(now_s, prior_length_s=prior_length_s, falling=falling)
+    return left_s if left_s < cold_start_s + min_serve_s else None
