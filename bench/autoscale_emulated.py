@@ -203,7 +203,9 @@ async def run_arm(arm: str, replicas: int, args: argparse.Namespace) -> dict[str
         await fleet.start_slot(slot.name, cold=False)
     app = gateway.build_app()
     if arm == "inferplane":
-        overrides = {"burst_prior": args.burst_prior, "burst_memory_s": args.burst_memory_s}
+        overrides = {"burst_prior": args.burst_prior, "burst_memory_s": args.burst_memory_s,
+                     "burst_length_s": args.burst_length_s or None,
+                     "burst_min_serve_s": args.burst_min_serve_s}  # fmt: skip
         setup_autoscaling(app, gateway, pool_config(args), fleet, overrides)
     hpa = QueueHpa(gateway, fleet, pool_config(args).policies()[0], args.tick_s)
     runner, port = await start_server(app, "127.0.0.1", 0)
@@ -219,13 +221,18 @@ async def run_arm(arm: str, replicas: int, args: argparse.Namespace) -> dict[str
         await driver.run()
         elapsed = time.monotonic() - started
         sampler.cancel()
-        decisions = app[CONTROLLER_KEY]["ctl"].snapshot() if arm == "inferplane" else []
+        ctl = app[CONTROLLER_KEY]["ctl"] if arm == "inferplane" else None
+        decisions = [] if ctl is None else ctl.snapshot()
         decisions = hpa.decisions if arm.startswith("queue-hpa") else decisions
+        history = [] if ctl is None else ctl.history
     finally:
         await hpa.stop()
         await runner.cleanup()
         await fleet.stop()
-    return summarise(arm, driver, series, elapsed, decisions, args)
+    result = summarise(arm, driver, series, elapsed, decisions, args)
+    start = ctl.history[0]["t"] - args.tick_s if ctl is not None and ctl.history else 0.0
+    result["decision_history"] = [{**h, "t": round(h["t"] - start, 1)} for h in history]
+    return result
 
 
 async def _ready(gateway: Gateway, names: list[str]) -> None:
@@ -377,6 +384,20 @@ def main() -> None:
         type=float,
         default=None,
         help="half-life of the learned burst factor (None: twice --down-window-s)",
+    )
+    parser.add_argument(
+        "--burst-length-s",
+        type=float,
+        default=60.0,
+        help="the length a burst is expected to last before one is seen (0: unknown, bought "
+        "for as usual); an operator's prior, as --burst-prior is: the bench's burst lasts "
+        "--burst-s of task arrivals (60 s), its calls a little longer",
+    )
+    parser.add_argument(
+        "--burst-min-serve-s",
+        type=float,
+        default=None,
+        help="a replica bought during a burst must serve this much of it (None: its cold start)",
     )
     parser.add_argument(
         "--outlier-ejection", action="store_true", help="the breaker on (every arm alike)"

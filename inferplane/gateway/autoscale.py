@@ -55,6 +55,9 @@ TOKENS_PER_WAITING_CALL = 1000.0
 #: How often the loop looks at the window so far for a surge, in seconds.
 WATCH_S = 1.0
 
+#: Decisions the controller keeps with their times (``history``), the oldest dropped first.
+HISTORY_LEN = 2000
+
 #: Where ``setup_autoscaling`` leaves its controller once the app has started.
 CONTROLLER_KEY = web.AppKey("inferplane_autoscale", dict)
 
@@ -131,6 +134,7 @@ class AutoscaleController:
         self.autoscaler = Autoscaler(policies)
         self.state = AutoscalerState()
         self.decisions: list[ScaleDecision] = []
+        self.history: list[dict[str, Any]] = []  # every decision, with its tick's time
         self._registry = registry
         self._views = views
         self._actuators = list(actuators)
@@ -195,23 +199,26 @@ class AutoscaleController:
                 replace(s, starting={**s.starting, **starting.get(s.pool, {})}) for s in signals
             ]
         self.decisions, self.state = self.autoscaler.decide(signals, self.state)
+        self.history += [{"t": now, **_as_dict(d)} for d in self.decisions]
+        del self.history[:-HISTORY_LEN]
         for decision in self.decisions:
             for actuator in self._actuators:
                 await actuator.apply(decision)
 
     def snapshot(self) -> list[dict[str, Any]]:
-        return [
-            {
-                "pool": d.pool,
-                "action": d.action.value,
-                "desired": dict(d.desired),
-                "current": dict(d.current),
-                "demand_tokens_per_s": round(d.demand_tokens_per_s, 1),
-                "need_tokens_per_s": round(d.need_tokens_per_s, 1),
-                "reason": d.reason,
-            }
-            for d in self.decisions
-        ]
+        return [_as_dict(d) for d in self.decisions]
+
+
+def _as_dict(d: ScaleDecision) -> dict[str, Any]:
+    return {
+        "pool": d.pool,
+        "action": d.action.value,
+        "desired": dict(d.desired),
+        "current": dict(d.current),
+        "demand_tokens_per_s": round(d.demand_tokens_per_s, 1),
+        "need_tokens_per_s": round(d.need_tokens_per_s, 1),
+        "reason": d.reason,
+    }
 
 
 def _pool_views(

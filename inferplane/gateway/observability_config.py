@@ -54,6 +54,11 @@ class PoolScaleConfig(_Frozen):
     # modelled capacity may rise to from target_utilisation (None: never rises), and its step.
     max_utilisation: float | None = Field(default=0.9, gt=0, le=1)
     utilisation_step: float = Field(default=0.02, gt=0)
+    # Burst episodes (core/autoscale_burst.py): the length a burst is expected to last before
+    # one is seen (None: unknown, bought for as usual), and how long a replica bought during
+    # one must serve it (None: its cold start).
+    burst_length_s: float | None = Field(default=None, ge=0)
+    burst_min_serve_s: float | None = Field(default=None, ge=0)
 
     @model_validator(mode="after")
     def _bounds(self) -> PoolScaleConfig:
@@ -94,6 +99,8 @@ class AutoscaleConfig(_Frozen):
                 reserve_max_replicas=p.reserve_max_replicas,
                 max_utilisation=p.max_utilisation,
                 utilisation_step=p.utilisation_step,
+                burst_length_s=p.burst_length_s,
+                burst_min_serve_s=p.burst_min_serve_s,
             )
             for p in self.pools
         ]
