@@ -64,6 +64,7 @@ class EngineModel:
         kv_events: bool = True,
         num_gpu_blocks: int | None = None,
         content_free: bool = False,
+        check_token_ids: bool = True,
     ) -> None:
         if time_scale <= 0:
             raise ValueError(f"time_scale must be > 0, got {time_scale}")
@@ -83,6 +84,7 @@ class EngineModel:
             max_num_batched_tokens=profile.max_num_batched_tokens,
             priority_scheduling=priority_scheduling,
             kv_events=kv_events,
+            check_token_ids=check_token_ids,
         )
         self._kv_events = kv_events
         self._step: StepPlan | None = None
@@ -226,6 +228,11 @@ class EngineModel:
             self._load_end_s = self._clock_s + self._scaled(self.profile.load_time_s)
             self._set_state(EngineState.LOADING, self._clock_s)
         return self._flush()
+
+    def load(self) -> tuple[int, int, float]:
+        """(waiting, running, KV usage): what a scrape reads, without the whole ``stats``."""
+        pool = self._pool
+        return self._sched.num_waiting, len(self._sched.running), pool.num_used / pool.num_blocks
 
     def stats(self) -> EngineStats:
         pool, sched = self._pool, self._sched

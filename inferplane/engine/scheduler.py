@@ -60,8 +60,10 @@ class Scheduler:
         max_num_batched_tokens: int,
         priority_scheduling: bool = False,
         kv_events: bool = True,
+        check_token_ids: bool = True,
     ) -> None:
         self._pool = pool
+        self._check_token_ids = check_token_ids  # False: the caller's ids are in range
         self.kv_events = kv_events
         self._gen = generator
         self._bs = pool.block_size
@@ -103,7 +105,7 @@ class Scheduler:
             )
         if num_prompt >= capacity:
             raise ValueError(f"the prompt of {num_prompt} tokens never fits the KV cache")
-        if min(prompt) < 0 or max(prompt) >= VOCAB_SIZE:
+        if self._check_token_ids and (min(prompt) < 0 or max(prompt) >= VOCAB_SIZE):
             raise ValueError(f"token ids must be in [0, {VOCAB_SIZE})")
         seq = Sequence(
             request=request,

@@ -29,13 +29,13 @@ A pool or predictor it does not keep falls through to ``pool_capacity``.
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Sequence
 
 from inferplane.core.admission_config import AdmissionConfig
 from inferplane.core.capacity import (
     AdmissionPredictor,
     PoolCapacity,
-    endpoint_saturation,
     free_slots,
     pool_capacity,
 )
@@ -83,6 +83,7 @@ class CapacityBook:
         self._pools: dict[tuple[int, str], _PoolSums] = {}  # by (id of config, model)
         self._configs: dict[int, AdmissionConfig] = {}  # keeps the keyed configs alive
         self._dirty: dict[tuple[int, str], set[int]] = {}
+        self._class_limits: dict[int, dict[PriorityClass, tuple[float, float]]] = {}
         book.on_patch.append(self._mark)
         book.on_rebuild.append(self._reset)
 
@@ -132,6 +133,7 @@ class CapacityBook:
             if self._configs.get(id(cfg)) is not cfg:
                 if len(self._configs) >= _MAX_CONFIGS:
                     self._configs.clear()
+                    self._class_limits.clear()
                     self._reset()
                 self._configs[id(cfg)] = cfg
             sums = self._pools[key] = _PoolSums(len(pool))
@@ -160,18 +162,40 @@ class CapacityBook:
             return
         sums.accepting[pos] = True
         sums.num_accepting += 1
-        sat = sums.sat[pos] = endpoint_saturation(view, model, pred, cfg)
+        # endpoint_saturation and free_slots per class, over one prior lookup (the core's
+        # arithmetic, in its order; tests/sim/test_speed.py holds the sums to the core's)
+        load, num_seqs = view.load, pred.prior(view, model).max_num_seqs
+        outstanding = max(load.num_running + load.num_waiting, view.in_flight)
+        waiting = max(load.num_waiting, outstanding - num_seqs)
+        sat = max(waiting / cfg.queue_threshold, load.kv_usage / cfg.kv_threshold)
+        sums.sat[pos] = sat
         sums.sat_sum += sat
         probe_s = max(1e-9, pred.prefill_s(view, model, _PROBE_TOKENS, now))
         rate = sums.rate[pos] = _PROBE_TOKENS / probe_s
         sums.rate_sum += rate
         out = sums.out[pos] = pred.throughput_tokens_per_s(view, model, now)
         sums.out_sum += out
-        for c in _CLASSES:
-            free = sums.free[c][pos] = free_slots(view, model, pred, cfg, c)
+        allowance, kv = cfg.engine_queue_allowance, load.kv_usage
+        for c, (slot_share, kv_limit) in self._limits(cfg).items():
+            if kv >= kv_limit:
+                free = 0
+            else:
+                slots = num_seqs + allowance - math.floor(slot_share * num_seqs)
+                free = max(0, slots - outstanding)
+            sums.free[c][pos] = free
             sums.free_sum[c] += free
         rank = sums.rank[pos] = pred.predict(view, model, 0, now).ttft_s
         bisect.insort(sums.order, (rank, pos))
+
+    def _limits(self, cfg: AdmissionConfig) -> dict[PriorityClass, tuple[float, float]]:
+        """Per class: its headroom's slot share and the KV use it stops at (``free_slots``)."""
+        found = self._class_limits.get(id(cfg))
+        if found is None:
+            head = cfg.headroom
+            found = self._class_limits[id(cfg)] = {
+                c: (head.slot_share.of(c), cfg.kv_threshold - head.kv_share.of(c)) for c in _CLASSES
+            }
+        return found
 
     def _remove(self, sums: _PoolSums, pos: int) -> None:
         if not sums.accepting[pos]:

@@ -103,3 +103,18 @@ def test_content_free_generator_is_greedy_without_ignore_eos() -> None:
     a, b = list(prompt), list(prompt)
     assert greedy.extend(0, a, False) == free.extend(0, b, False)
     assert a == b
+
+
+def test_load_is_what_stats_say_and_range_checks_can_be_waived() -> None:
+    model = EngineModel(SMALL_KV, seed=1)
+    model.submit(EngineRequest("a", tuple(range(16, 116)), 500, 0, True), 0.0)
+    model.advance(0.01)
+    stats = model.stats()
+    assert model.load() == (stats.num_waiting, stats.num_running, stats.kv_usage)
+    assert stats.num_running == 1
+    bad = EngineRequest("b", (5, 40_000), 4, 0, True)
+    with pytest.raises(ValueError, match="token ids"):
+        model.submit(bad, 0.1)
+    trusting = EngineModel(SMALL_KV, seed=1, check_token_ids=False)
+    trusting.submit(bad, 0.1)  # the caller vouches for its ids (the simulator's prompts)
+    assert trusting.load()[0] == 1
