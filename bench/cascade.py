@@ -56,6 +56,7 @@ import os
 import random
 import sys
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -108,6 +109,8 @@ class Run:
     counters: dict[str, list[float]] = field(default_factory=dict)  # engine -> totals so far
     last_seen: dict[str, list[float]] = field(default_factory=dict)
     cut_by_crash: int = 0  # streams in flight on the engine that crashed
+    dispatches: list[tuple[float, str]] = field(default_factory=list)  # (t, engine) per attempt
+    slow_states: list[tuple[float, str]] = field(default_factory=list)  # (t, its breaker state)
 
 
 _STATUSES: Counter[str] = Counter()  # refusals the clients got, "status code"
@@ -270,6 +273,8 @@ async def _sample(
     """Queue depth, batch and KV use of every engine (as the gateway sees them), and their
     token counters (a restarted engine starts from zero: its increments are summed)."""
     views = [gw.tracker.view(e.name, gw.clock()) for e in fleet.engines]
+    if gw.proxy is not None:
+        result.slow_states.append((now, gw.proxy.reliability.breaker_state(views[0].name)))
     result.load_samples.append((now, [
         (v.load.num_waiting, v.load.num_running, v.load.kv_usage) for v in views
     ]))  # fmt: skip
@@ -282,6 +287,17 @@ async def _sample(
         for i, value in enumerate(values):
             total[i] += value - last[i] if value >= last[i] else value
         result.last_seen[engine.name] = values
+
+
+def _watch_dispatches(gw: Gateway, result: Run, clock: Callable[[], float]) -> None:
+    """Note every attempt the gateway sends (the tracker's acquire), with its time."""
+    acquire = gw.tracker.acquire
+
+    def counted(name: str) -> None:
+        result.dispatches.append((clock(), name))
+        acquire(name)
+
+    gw.tracker.acquire = counted  # type: ignore[method-assign]
 
 
 async def run(mode: str, args: argparse.Namespace, op: dict[str, float]) -> dict[str, Any]:
@@ -307,6 +323,7 @@ async def run(mode: str, args: argparse.Namespace, op: dict[str, float]) -> dict
         conn = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=conn) as session:
             t0 = loop.time()
+            _watch_dispatches(gw, result, lambda: loop.time() - t0)
             tasks: list[asyncio.Task[None]] = []
             slow_done = crash_done = False
             next_sample = next_call_s = 0.0

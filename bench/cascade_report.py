@@ -100,12 +100,30 @@ def summary(
         "tokens_duplicated": sum(r.duplicated_tokens for r in recs if r.ok),
         "wasted_client_tokens": sum(r.wasted_tokens for r in recs),
         "ejections": _ejections(counts),
+        **_slow_engine(run_, args, names),
         "healthy_engines_saturated": _saturated(run_, names, skip={0, 1}),
         "p50_ttft_ms": _pct([r.ttft_s for r in recs if r.ok], 0.5),
         "p99_ttft_ms": _pct([r.ttft_s for r in recs if r.ok], 0.99),
         **_waste(run_, recs, args),
         "windows": _windows(run_, t0, args),
         "gateway_counts": counts,
+    }
+
+
+def _slow_engine(run_: Any, args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
+    """How fast the gateway stopped sending to the slowed engine (``names[0]``): attempts it
+    got per second before, after the slowdown in all and until its breaker first opened."""
+    slow, at_s = names[0], args.slow_at_s
+    before = sum(1 for t, n in run_.dispatches if n == slow and t < at_s)
+    after = [t for t, n in run_.dispatches if n == slow and t >= at_s]
+    total_after = sum(1 for t, _ in run_.dispatches if t >= at_s)
+    opened = next((t for t, state in run_.slow_states if t >= at_s and state != "closed"), None)
+    return {
+        "slow_attempts_per_s_before": round(before / max(at_s, 1e-9), 2),
+        "slow_attempts_after": len(after),
+        "slow_share_after": round(len(after) / max(1, total_after), 4),
+        "slow_attempts_to_ejection": sum(1 for t in after if opened is None or t < opened),
+        "slow_ejected_after_s": None if opened is None else round(opened - at_s, 1),
     }
 
 
@@ -127,7 +145,9 @@ _KEYS = [
     "streams_cut_by_crash", "gateway_resumed_streams", "client_interrupted_calls",
     "interrupted_completed", "completed_with_token_errors", "tokens_lost", "tokens_duplicated",
     "wasted_client_tokens", "engine_generated_tokens", "wasted_decode_tokens",
-    "wasted_prefill_tokens", "wasted_gpu_s", "ejections", "healthy_engines_saturated",
+    "wasted_prefill_tokens", "wasted_gpu_s", "ejections", "slow_attempts_per_s_before",
+    "slow_attempts_after", "slow_share_after", "slow_attempts_to_ejection",
+    "slow_ejected_after_s", "healthy_engines_saturated",
     "p50_ttft_ms", "p99_ttft_ms",
 ]  # fmt: skip
 
