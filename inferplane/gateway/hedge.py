@@ -12,11 +12,11 @@ drops out and the others go on; when the last one fails, its failure goes to the
 which retries or gives up as for any attempt.
 
 The predicted p95 TTFT (the core's ``hedge_after_s``) is the predictor's *uncalibrated* TTFT
-of the call on that endpoint (its queue and prefill as a healthy engine would serve them,
-with the wait behind a KV-bound engine's queue: ``Reliability.expected``) times the pool's
-*median* calibration factor (so a fleet that is slower than its profile everywhere raises
-the delay, while one degraded engine, whose own factor absorbs its slowness, does not)
-times ``p95_over_mean``.
+of the call on that endpoint (its queue and prefill as a healthy engine would serve them;
+the breaker's figure, ``Reliability.expected``, adds the wait behind a KV-bound engine's
+queue, the hedge delay does not) times the pool's *median* calibration factor (so a fleet
+that is slower than its profile everywhere raises the delay, while one degraded engine,
+whose own factor absorbs its slowness, does not) times ``p95_over_mean``.
 
 The proxy calls ``post`` where it would call ``session.post``; it returns the winner's
 response with the bytes read during the race put back in front (``hedge_io.Primed``). When a hedge
@@ -81,6 +81,7 @@ class _Racer:
     predicted: Predicted
     task: asyncio.Task[tuple[aiohttp.ClientResponse, bytes]]
     retired: bool = False
+    raw_ttft_s: float | None = None  # the hedge delay's base (``predicted`` adds the queue)
 
 
 class Hedging:
@@ -159,16 +160,25 @@ class Hedging:
         client_timeout: aiohttp.ClientTimeout,
         started_s: float,
     ) -> _Racer:
-        predicted = self._predict(cand.endpoint, call, started_s)
+        predicted, raw_ttft_s = self._predict(cand.endpoint, call, started_s)
         coro = open_attempt(
             self._session, cand.url, body, headers, client_timeout, stream=call.ctx.stream
         )
-        return _Racer(cand.endpoint, started_s, predicted, asyncio.create_task(coro))
+        task = asyncio.create_task(coro)
+        return _Racer(cand.endpoint, started_s, predicted, task, raw_ttft_s=raw_ttft_s)
 
-    def _predict(self, endpoint: str, call: CallState, now: float) -> Predicted:
-        if self._rel.predictor is None:
-            return None, None
-        return self._rel.expected(endpoint, call.ctx.model, call.ctx.num_prompt_tokens, now)
+    def _predict(
+        self, endpoint: str, call: CallState, now: float
+    ) -> tuple[Predicted, float | None]:
+        """What the breaker judges the attempt against, and the bare uncalibrated TTFT."""
+        predictor = self._rel.predictor
+        if predictor is None:
+            return (None, None), None
+        ctx = call.ctx
+        view = self._tracker.view(endpoint, now)
+        est = predictor.predict(view, ctx.model, ctx.num_prompt_tokens, now)
+        expected = self._rel.expected(endpoint, ctx.model, ctx.num_prompt_tokens, now, est)
+        return expected, est.raw_ttft_s
 
     def _pool_factors(self, call: CallState) -> list[float]:
         """The TTFT calibration factors of the endpoints serving the call's model."""
@@ -228,7 +238,7 @@ class _Race:
         self.first = self.current = first
         self.racers = [first]
         self.headers, self.client_timeout = headers, client_timeout
-        self.ttft_s = hedge_ttft_s(first.predicted[0], hedging._pool_factors(call))
+        self.ttft_s = hedge_ttft_s(first.raw_ttft_s, hedging._pool_factors(call))
         self.delay_s = hedge_after_s(call.ctx.priority, self.ttft_s, hedging.config)
         self.last_launch_s = first.started_s
         self.hedging_done = self.delay_s is None
