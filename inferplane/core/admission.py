@@ -11,7 +11,9 @@ For each call, in order (the first rule that answers decides):
    overtakes, ``edf_overtake_share``, 0 by default; a workflow's
    step prefills only what its previous step did not leave cached,
    :mod:`inferplane.core.prompt_reuse`) against the TTFT budget, and completion against
-   the deadline; a miss is rejected at once (critical calls queue anyway unless
+   the deadline (:mod:`inferplane.core.admission_deadline`: a call that would wait for a
+   slot is judged by the gateway queue's drain, not the full engines' own slot waits);
+   a miss is rejected at once (critical calls queue anyway unless
    ``reject_critical_on_deadline``, and every class leaves the queue once it can no
    longer make it);
 4. **shedding by capacity**: the pool's saturation as seen by the class (llm-d's engine
@@ -39,6 +41,7 @@ import math
 from collections.abc import Callable, Sequence
 
 from inferplane.core.admission_config import AdmissionConfig, AdmissionMode
+from inferplane.core.admission_deadline import deadline_miss, overtaken, queued_miss
 from inferplane.core.admission_decisions import AdmissionDecision, Admit, Enqueue, Reject
 from inferplane.core.admission_stats import AdmissionSnapshot, AdmissionStats
 from inferplane.core.capacity import (
@@ -46,12 +49,13 @@ from inferplane.core.capacity import (
     DispatchBudget,
     PoolCapacity,
     pool_capacity,
+    ready_estimate,
     scraped_saturation,
 )
 from inferplane.core.headroom import HeadroomDemand, HeldConfigs, decode_held
 from inferplane.core.predictor import LatencyPredictor
 from inferplane.core.prompt_reuse import ConversationReuse
-from inferplane.core.queueing import ExitKind, QueueExit, QueueItem, RequestQueue, WorkAhead
+from inferplane.core.queueing import ExitKind, QueueExit, QueueItem, RequestQueue
 from inferplane.core.quotas import QuotaBook
 from inferplane.core.types import CallContext, EndpointView, PriorityClass
 from inferplane.core.workflows import WorkflowLedger, WorkflowStanding
@@ -119,7 +123,7 @@ class Admission:
             call.model, uncached, pool, self.predictor, self.slots_config(now), now, call.priority
         )
         decoding = self._decode_held(call.priority, call.model, pool, now)
-        decision = self._decide(call, cap, now, size_bytes, decoding, uncached)
+        decision = self._decide(call, cap, now, size_bytes, decoding, uncached, pool)
         if isinstance(decision, Reject):
             self.quotas.release(call.request_id, now, num_tokens=0)
         else:
@@ -169,6 +173,7 @@ class Admission:
         size_bytes: int,
         decoding: bool = False,
         uncached: int | None = None,
+        pool: Sequence[EndpointView] = (),
     ) -> AdmissionDecision:  # uncached: prompt tokens to prefill (None: all of it)
         cfg, prio = self.config, call.priority
         standing = self.workflows.standing(call)
@@ -179,10 +184,17 @@ class Admission:
                 msg = f"no endpoint of model {call.model!r} accepts work"
                 return Reject("no_capacity", msg, cfg.unknown_retry_after_s, 503, sat)
             return self._enqueue(call, cap, None, standing, now, (size_bytes, uncached), sat)
-        first = _overtaken(ahead, self.queue.work_ahead(prio, self._order_key(call, standing)), cfg)
+        due_first = self.queue.work_ahead(prio, self._order_key(call, standing))
+        first = overtaken(ahead, due_first, cfg.edf_overtake_share)
         ttft_s = cap.best.ttft_s + (cap.drain_s(first) if first.num_calls else 0.0)
         drain_s = cap.best.wait_s + cap.drain_s(first)
-        miss = self._deadline_miss(call, cap, ttft_s, now)
+        n_out, slack = self._num_output(call), cfg.deadline_slack
+        miss = deadline_miss(call, cap.best, ttft_s, now, n_out, slack)
+        if miss and pool:  # the full engines' own slot waits: the gateway queue's instead
+            n_in = call.num_prompt_tokens if uncached is None else uncached
+            slots_cfg = self.slots_config(now)
+            ready = ready_estimate(call.model, prio, n_in, pool, self.predictor, slots_cfg, now)
+            miss = queued_miss(call, cap, ready, first, now, n_out, slack)
         if miss and (prio is not PriorityClass.CRITICAL or cfg.reject_critical_on_deadline):
             return Reject("deadline_unreachable", miss, self._ra(drain_s), 429, sat)
         limit = self._shed_threshold(prio, standing)
@@ -203,23 +215,6 @@ class Admission:
         if shed and sat >= 1.0:
             return Reject("saturated", f"pool saturation {sat:.2f} >= 1", 0, 429, sat)
         return Admit(f"admitted ({cfg.mode.value})", sat, None)
-
-    def _deadline_miss(
-        self, call: CallContext, cap: PoolCapacity, ttft_s: float, now: float
-    ) -> str | None:
-        """Why the call cannot meet its TTFT budget or deadline (None: it can, or has none)."""
-        assert cap.best is not None
-        slack = self.config.deadline_slack
-        if call.ttft_budget_s is not None:
-            left_s = call.ttft_budget_s - max(0.0, now - call.arrival_s)
-            if ttft_s > left_s * slack:
-                return f"predicted TTFT {ttft_s:.2f}s exceeds the {max(0.0, left_s):.2f}s left"
-        if call.deadline_s is not None:
-            e2e_s = ttft_s + cap.best.tpot_s * max(0, self._num_output(call) - 1)
-            left_s = call.deadline_s - now
-            if e2e_s > left_s * slack:
-                return f"predicted completion {e2e_s:.2f}s exceeds the {max(0.0, left_s):.2f}s left"
-        return None
 
     def _shed_threshold(self, prio: PriorityClass, standing: WorkflowStanding | None) -> float:
         base = self.config.shed_saturation.of(prio)
@@ -378,16 +373,3 @@ class Admission:
         if not math.isfinite(seconds):
             return cfg.max_retry_after_s
         return int(min(cfg.max_retry_after_s, max(cfg.min_retry_after_s, math.ceil(seconds))))
-
-
-def _overtaken(whole: WorkAhead, due_first: WorkAhead, cfg: AdmissionConfig) -> WorkAhead:
-    """The work a call waits for: ``due_first`` (EDF) plus the share of the rest of its
-    class it does not overtake (``AdmissionConfig.edf_overtake_share``)."""
-    keep = 1.0 - cfg.edf_overtake_share
-    if keep <= 0.0:
-        return due_first
-    return WorkAhead(
-        due_first.num_calls + round(keep * (whole.num_calls - due_first.num_calls)),
-        due_first.prompt_tokens + round(keep * (whole.prompt_tokens - due_first.prompt_tokens)),
-        due_first.output_tokens + round(keep * (whole.output_tokens - due_first.output_tokens)),
-    )
