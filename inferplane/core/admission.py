@@ -190,7 +190,7 @@ class Admission:
         drain_s = cap.best.wait_s + cap.drain_s(first)
         n_out, slack = self._num_output(call), cfg.deadline_slack
         miss = deadline_miss(call, cap.best, ttft_s, now, n_out, slack)
-        if miss and pool:  # the full engines' own slot waits: the gateway queue's instead
+        if miss and pool and cfg.queued_deadline_test:  # wait in the gateway queue instead
             n_in = call.num_prompt_tokens if uncached is None else uncached
             slots_cfg = self.slots_config(now)
             ready = ready_estimate(call.model, prio, n_in, pool, self.predictor, slots_cfg, now)

@@ -210,6 +210,11 @@ class AdmissionConfig(_Frozen):
     #: agents' steps, due soonest, got through, 17-18 of 25 agents, at the cost of ~110
     #: standard chats; vllm-router 616), peers-2026-12-01-h2-final-agentic.md.
     edf_overtake_share: float = Field(default=0.0, ge=0, le=1)
+    #: A call the deadline test refuses at the pool's best endpoint as it is is tested once
+    #: more as a call waiting in the gateway queue for a slot (the queue's drain, then an
+    #: endpoint with a free slot: ``core.admission_deadline.queued_miss``); False: the
+    #: first test decides (the rule before; a diagnostic, never a default).
+    queued_deadline_test: bool = True
     #: Critical calls predicted to miss their deadline are queued anyway unless this is set.
     reject_critical_on_deadline: bool = False
     min_retry_after_s: int = Field(default=1, ge=1)

@@ -71,6 +71,9 @@ def test_a_call_on_a_full_pool_is_queued_when_the_queue_lets_it_make_its_deadlin
     assert deadline_miss(c, cap_best, cap_best.ttft_s, 0.0, 20, 1.0) is not None
     decision = _admission().admit(c, pool, 0.0)
     assert isinstance(decision, Enqueue), decision
+    off = AdmissionConfig(headroom=NO_HEADROOM, queued_deadline_test=False)
+    refused = Admission(off, _predictor()).admit(c, pool, 0.0)
+    assert isinstance(refused, Reject) and refused.code == "deadline_unreachable"
 
 
 def test_a_call_that_cannot_make_it_even_with_a_free_slot_is_refused() -> None:
