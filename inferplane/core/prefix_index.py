@@ -171,14 +171,14 @@ class PrefixIndex(EntryBook):
             ep.counts["skipped_events"] += 1
             return
         if event.parent_block_hash is None:
-            parent = root_key(event.lora_name)
+            parent = 0 if event.lora_name is None else root_key(event.lora_name)
         else:
             found = ep.engine.get(event.parent_block_hash)
             if found is None:
                 ep.counts["orphan_blocks"] += len(event.block_hashes)
                 return
             parent = found
-        tier = _tier(event.medium)
+        tier = GPU if event.medium is None else _tier(event.medium)
         keys = block_keys(event.token_ids, size, parent)
         if tier != GPU or ep.tiers:
             self._store_tiered(ep, event.block_hashes, keys, tier)

@@ -73,10 +73,16 @@ class BlockPool:
     def extend_hashes(self, hashes: list[int], token_ids: Sequence[int], num_tokens: int) -> None:
         """Append the chained hashes of the full blocks of ``token_ids[:num_tokens]``."""
         size, seed = self.block_size, self._seed
+        start = len(hashes) * size
+        stop = num_tokens - num_tokens % size
+        if stop <= start:
+            return
         parent = hashes[-1] if hashes else self._root
-        for start in range(len(hashes) * size, num_tokens - size + 1, size):  # hash_block inlined
-            parent = hash((seed, parent, tuple(token_ids[start : start + size]))) & _MASK64
-            hashes.append(parent)
+        append = hashes.append
+        blocks = iter(token_ids[start:stop])
+        for block in zip(*([blocks] * size), strict=False):  # hash_block inlined, C-made tuples
+            parent = hash((seed, parent, block)) & _MASK64
+            append(parent)
 
     # -- prefix cache ----------------------------------------------------------------------
 
