@@ -6,8 +6,9 @@ In the live fleet each vLLM engine publishes ``BlockStored`` / ``BlockRemoved`` 
 return the same events from ``advance()``; this module converts them to the core's
 decoded event values (the ones the ZMQ decoder produces) and applies them per endpoint
 at once (no network delay), so the router's KV-cache axis sees what each engine holds.
-The simulator sizes the index to every block its fleet can cache, so the engines' own LRU
-decides what goes (their ``BlockRemoved``), never the index's bound.
+The simulator sizes the index to every block its fleet can cache, entries and engine hashes
+alike, so the engines' own LRU decides what goes (their ``BlockRemoved``), never the index's
+bounds (past ``max_engine_hashes`` the index clears the endpoint that overflowed it).
 Prompt block keys come from :func:`inferplane.core.prefix_index.block_keys`, the index's
 own hash, the same one the gateway computes.
 """
@@ -42,8 +43,13 @@ def to_core(event: EngineEvent) -> core.KVEvent | None:
 class KVFeed:
     """One prefix index over the simulated fleet, kept current from engine events."""
 
-    def __init__(self, block_size: int = 16, max_entries: int = 1_000_000) -> None:
-        self.index = PrefixIndex(PrefixIndexConfig(block_size=block_size, max_entries=max_entries))
+    def __init__(
+        self, block_size: int = 16, max_entries: int = 1_000_000, max_engine_hashes: int = 2_000_000
+    ) -> None:
+        config = PrefixIndexConfig(
+            block_size=block_size, max_entries=max_entries, max_engine_hashes=max_engine_hashes
+        )
+        self.index = PrefixIndex(config)
         self.events_applied = 0
 
     def add_endpoint(self, name: str) -> None:

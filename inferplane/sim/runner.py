@@ -93,7 +93,7 @@ class Simulation(EngineSync, Upkeep, Scaling):
             # (x2: guesses, replicas added later), so only the engines' own LRU evicts.
             blocks = 2 * sum(ep.engine.num_gpu_blocks for ep in self.fleet.endpoints)
             block_size = self.fleet.endpoints[0].engine.profile.block_size
-            self.kv = KVFeed(block_size, max(1_000_000, blocks))
+            self.kv = KVFeed(block_size, max(1_000_000, blocks), max(2_000_000, blocks))
             for ep in self.fleet.endpoints:
                 self.kv.add_endpoint(ep.name)
         self.policy = make_policy(policy, None if self.kv is None else self.kv.index, fleet_config)

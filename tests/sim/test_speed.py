@@ -159,3 +159,21 @@ def test_fast_knobs_are_deterministic_and_close_to_exact(tmp_path: Path) -> None
     assert abs(p50["fast"] - p50["exact"]) <= 0.15 * p50["exact"]
     spread = {len({r.endpoint for r in fast.ledger.records if r.endpoint})}
     assert spread == {24}  # sampling still reaches the whole pool
+
+
+def test_index_bounds_cover_every_block_the_fleet_can_cache(tmp_path: Path) -> None:
+    """Past ``max_engine_hashes`` the index clears an endpoint: at 48 H100s (~1.3M blocks)
+    the default 2M would do so mid-run; the simulator sizes both bounds to the fleet."""
+    fleet = {**BIG_FLEET, "endpoints": [
+        {**BIG_FLEET["endpoints"][0], "name": f"h{i}", "url": f"http://127.0.0.1:{9100 + i}"}
+        for i in range(48)
+    ]}  # fmt: skip
+    (tmp_path / "big.yaml").write_text(yaml.safe_dump(fleet), encoding="utf-8")
+    path = write_scenario(tmp_path, fleet="big.yaml", **{**BUSY, "duration_s": 0.1})
+    sc = load_scenario(path)
+    sim = Simulation(sc, load_config(path.parent / sc.fleet), path.parent, "inferplane")
+    assert sim.kv is not None
+    blocks = sum(ep.engine.num_gpu_blocks for ep in sim.fleet.endpoints)
+    assert blocks > 1_000_000
+    config = sim.kv.index.config
+    assert config.max_entries >= 2 * blocks and config.max_engine_hashes >= 2 * blocks
