@@ -27,6 +27,14 @@ def test_off_within_and_restored_after_even_on_error() -> None:
     assert gc.get_freeze_count() == 0
 
 
+def test_what_a_run_allocated_is_not_scanned_as_young_after_it() -> None:
+    with rare_collections():
+        kept = [[i] for i in range(50_000)]  # tracked objects that survive the run
+        assert gc.get_count()[0] > 40_000
+    assert gc.get_count()[0] < 1_000
+    assert len(kept) == 50_000
+
+
 def test_a_run_with_crashes_and_retries_makes_no_cyclic_garbage(tmp_path: Path) -> None:
     path = write_scenario(tmp_path, duration_s=12, drain_s=10)  # a crash at 8 s, restarted
     sc = load_scenario(path)
