@@ -107,8 +107,9 @@ def scenario(args: argparse.Namespace) -> Scenario:
 
 def run_policy(policy: str, replicas: int, args: argparse.Namespace) -> dict[str, Any]:
     scale_loop.POLICY_OVERRIDES.update(
-        burst_prior=args.burst_prior, burst_max_factor=max(args.burst_prior, args.burst_max_factor)
-    )
+        burst_prior=args.burst_prior, burst_max_factor=max(args.burst_prior, args.burst_max_factor),
+        burst_length_s=args.burst_length_s, burst_prior_now=args.burst_prior_now,
+    )  # fmt: skip
     sc = scenario(args)
     mode = "off" if policy == "peak" else policy.removesuffix("-open")
     gate = "fcfs" if policy.endswith("-open") else "inferplane"  # fcfs: no admission
@@ -272,6 +273,20 @@ def main() -> None:
         type=float,
         default=8.0,
         help="cap of the learned burst factor (1: no reserve)",
+    )
+    parser.add_argument(
+        "--burst-prior-now",
+        type=float,
+        default=5.0,
+        help="burst over the demand now the loop's reserve covers, at most one replica over "
+        "need (1: none); the emulated bench's default too",
+    )
+    parser.add_argument(
+        "--burst-length-s",
+        type=float,
+        default=None,
+        help="the length the loop expects of a burst before one is seen (None: unknown); this "
+        "day's closed-loop tasks keep its calls high for minutes after 60 s of arrivals",
     )
     args = parser.parse_args()
     with ProcessPoolExecutor(args.jobs) as pool:

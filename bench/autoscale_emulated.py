@@ -204,6 +204,7 @@ async def run_arm(arm: str, replicas: int, args: argparse.Namespace) -> dict[str
     app = gateway.build_app()
     if arm == "inferplane":
         overrides = {"burst_prior": args.burst_prior, "burst_memory_s": args.burst_memory_s,
+                     "burst_prior_now": args.burst_prior_now,
                      "burst_length_s": args.burst_length_s or None,
                      "burst_min_serve_s": args.burst_min_serve_s}  # fmt: skip
         setup_autoscaling(app, gateway, pool_config(args), fleet, overrides)
@@ -378,6 +379,13 @@ def main() -> None:
         default=8.0,
         help="burst factor (in work) the reserve covers before one is seen (1: none); a 5x "
         "burst of agentic task arrivals is more in work (tasks pile up; their contexts grow)",
+    )
+    parser.add_argument(
+        "--burst-prior-now",
+        type=float,
+        default=5.0,
+        help="burst over the demand now the reserve covers, at most one replica over need "
+        "(1: none); the bench's burst is 5x the task arrivals",
     )
     parser.add_argument(
         "--burst-memory-s",

@@ -20,7 +20,8 @@ a replica bought now would still find the burst on (:func:`late_for_burst`):
 * its **expected end**: its start plus the learned length (or the operator's prior; none:
   unknown, and the loop buys as before). One that has outlasted that length lasts as long
   again as it has lasted so far (a Lindy estimate), unless its rate is already falling: then
-  it is in its tail.
+  it is in its tail, and so is one that ended less than a cold start and a minimum service
+  ago while its rate keeps falling.
 
 Pure: numbers in, a new value out; ``now_s`` is passed in.
 """
@@ -111,9 +112,12 @@ def late_for_burst(
     ``min_serve_s`` of it (it comes ready ``cold_start_s`` from now), else None.
 
     ``rates``: ``(at_s, tokens/s)`` of the last windows, this one included (their fitted
-    slope tells a burst in its tail)."""
-    if not episode.on:
-        return None
+    slope tells a burst in its tail). A burst that ended less than a cold start and
+    ``min_serve_s`` ago is still late while its rate falls: its tail outlasts the episode."""
     falling = len(rates) >= 2 and fitted_line(rates, now_s)[1] < 0
+    if not episode.on:
+        ended_s = episode.ended_s
+        recent = ended_s is not None and now_s - ended_s < cold_start_s + min_serve_s
+        return 0.0 if recent and falling else None
     left_s = episode.remaining_s(now_s, prior_length_s=prior_length_s, falling=falling)
     return left_s if left_s < cold_start_s + min_serve_s else None

@@ -51,6 +51,10 @@ class PoolPolicy:
     surge_windows: int = 4  # windows the surge's slope is fitted over (least squares)
     early_surge_z: float = 3.5  # a window not yet due this far over the forecast: tick now
     burst_prior: float = 1.0  # burst over the quiet demand the reserve covers (1: none)
+    # Burst over the demand now (its slow baseline) the reserve covers, like burst_prior at
+    # most reserve_max_replicas over need (1: none): a burst at mid-day is larger in absolute
+    # terms than one from the trough, which the quiet demand's prior is sized for.
+    burst_prior_now: float = 1.0
     # Half-life of the learned burst factor (None: twice scale_down_window_s, the time the
     # loop holds a peak's capacity; a day compressed for a bench compresses both alike).
     burst_memory_s: float | None = None
@@ -88,7 +92,8 @@ class PoolPolicy:
             raise ValueError(f"pool {self.pool!r}: need surge z > 0, surge_max_factor >= 1")
         if self.surge_windows < 2:
             raise ValueError(f"pool {self.pool!r}: surge_windows >= 2")
-        if not 1 <= self.burst_prior <= self.burst_max_factor or self.memory_s < 0:
+        priors = (self.burst_prior, self.burst_prior_now)
+        if not 1 <= min(priors) <= max(priors) <= self.burst_max_factor or self.memory_s < 0:
             raise ValueError(f"pool {self.pool!r}: need 1 <= burst_prior <= burst_max_factor")
         low = min(self.burst_z, self.quiet_s, self.reserve_max_replicas)
         if not 0 < self.reserve_utilisation <= 1 or low < 0 or self.reserve_baseline_s <= 0:

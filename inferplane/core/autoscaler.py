@@ -22,8 +22,9 @@ How the desired size is found:
   buys nothing more; when it ends, its needs leave the scale-down window, so the replicas it
   brought drain at once (:mod:`inferplane.core.autoscale_burst`).
 * **burst reserve**: spare warm capacity at ``reserve_utilisation`` for the larger of
-  ``burst_prior x quiet demand`` (the day's trough: a fixed amount, at most
-  ``reserve_max_replicas`` over need) and ``demand x learned burst factor`` (held, decaying
+  ``burst_prior x quiet demand`` (the day's trough: a fixed amount), ``burst_prior_now x
+  the demand now`` (its slow baseline; a burst at mid-day is larger), both at most
+  ``reserve_max_replicas`` over need, and ``demand x learned burst factor`` (held, decaying
   with ``burst_memory_s``, capped by the highest rate seen)
   (:mod:`inferplane.core.autoscale_reserve`): it covers a burst's first cold start. The
   prior's part buys replicas; the learned part only keeps those a burst brought (it holds
@@ -317,11 +318,11 @@ def _reserve(
     ahead = now + _horizon_s(policy)
     base = min(slow.peak_tokens_per_s(now, ahead), forecast.peak_tokens_per_s(now, ahead))
     cap = need + policy.reserve_max_replicas * _cheapest_for(policy, 1.0).tokens_per_s
-    parts = reserve.reserve_parts(
+    learned, prior = reserve.reserve_parts(
         base, now, prior=policy.burst_prior, memory_s=policy.memory_s,
         prior_cap_tokens_per_s=cap, now_tokens_per_s=demand,
     )  # fmt: skip
-    return reserve, slow, parts
+    return reserve, slow, (learned, max(prior, min(policy.burst_prior_now * base, cap)))
 
 
 def _observe_reserve(policy: PoolPolicy, signal: PoolSignal, memory: _PoolMemory) -> BurstReserve:

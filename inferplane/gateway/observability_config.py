@@ -50,6 +50,7 @@ class PoolScaleConfig(_Frozen):
     burst_memory_s: float | None = Field(default=None, ge=0)
     quiet_window_s: float | None = Field(default=None, gt=0)
     reserve_max_replicas: int = Field(default=1, ge=0)
+    burst_prior_now: float = Field(default=1.0, ge=1)  # burst over the demand now (1: none)
     # Learned utilisation (core/autoscale_learn.py): the ceiling the planned fraction of
     # modelled capacity may rise to from target_utilisation (None: never rises), and its step.
     max_utilisation: float | None = Field(default=0.9, gt=0, le=1)
@@ -64,8 +65,8 @@ class PoolScaleConfig(_Frozen):
     def _bounds(self) -> PoolScaleConfig:
         if self.min_replicas > self.max_replicas:
             raise ValueError("min_replicas must be <= max_replicas")
-        if self.burst_prior > self.burst_max_factor:
-            raise ValueError("burst_prior must be <= burst_max_factor")
+        if max(self.burst_prior, self.burst_prior_now) > self.burst_max_factor:
+            raise ValueError("burst_prior and burst_prior_now must be <= burst_max_factor")
         return self
 
 
@@ -99,6 +100,7 @@ class AutoscaleConfig(_Frozen):
                 reserve_max_replicas=p.reserve_max_replicas,
                 max_utilisation=p.max_utilisation,
                 utilisation_step=p.utilisation_step,
+                burst_prior_now=p.burst_prior_now,
                 burst_length_s=p.burst_length_s,
                 burst_min_serve_s=p.burst_min_serve_s,
             )

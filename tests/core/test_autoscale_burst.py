@@ -194,6 +194,30 @@ def test_burst_settings_are_validated() -> None:
         {"burst_min_serve_s": -1.0},
         {"burst_off_ratio": 1.0},
         {"burst_on_ratio": 1.2, "burst_off_ratio": 1.5},
+        {"burst_prior_now": 0.5},
+        {"burst_prior_now": 9.0, "burst_max_factor": 8.0},
     ):
         with pytest.raises(ValueError):
             _policy(**bad)
+
+
+def test_the_tail_after_a_burst_ended_buys_nothing() -> None:
+    # The burst's calls fall off over a minute: the episode ends early in the fall, and
+    # what the falling rate still asks for would come ready when the tail is over.
+    fall = [BURST * (1 - i / 12) + STEADY * i / 12 for i in range(12)]
+    rates = [STEADY] * 36 + [BURST] * 12 + fall + [STEADY] * 24
+    decisions = _run(_policy(burst_length_s=60.0), rates)
+    assert _ups(decisions, 36, len(rates)) == 0
+
+
+def test_a_prior_over_the_demand_now_keeps_one_spare_replica_at_most() -> None:
+    rates = [STEADY] * 60
+    plain = _run(_policy(), rates)
+    spare = _run(_policy(burst_prior_now=5.0, burst_max_factor=8.0), rates)
+    big = _run(_policy(burst_prior_now=8.0, burst_max_factor=8.0), rates)
+    assert spare[-1].desired_total == plain[-1].desired_total + 1
+    assert big[-1].desired_total == plain[-1].desired_total + 1  # capped: one over need
+    low = _run(
+        _policy(burst_prior_now=5.0, burst_max_factor=8.0), [1.0] * 60
+    )  # 5x of 1 call/s fits one replica
+    assert low[-1].desired_total == 1

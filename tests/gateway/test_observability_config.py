@@ -30,6 +30,7 @@ def test_defaults_are_off() -> None:
         {"model": "m", "gpus": ["h100"], "quiet_window_s": 0},
         {"model": "m", "gpus": ["h100"], "reserve_max_replicas": -1},
         {"model": "m", "gpus": ["h100"], "burst_length_s": -1},
+        {"model": "m", "gpus": ["h100"], "burst_prior_now": 9, "burst_max_factor": 8},
         {"model": "m", "gpus": ["h100"], "burst_min_serve_s": -1},
         {"model": "m", "gpus": ["h100"], "max_utilisation": 1.5},
         {"model": "m", "gpus": ["h100"], "utilisation_step": 0},
@@ -73,9 +74,12 @@ def test_sampling_ratio_is_bounded() -> None:
 
 
 def test_burst_length_and_min_serve_reach_the_core_policy() -> None:
-    pool = {"model": "llama-3-8b", "gpus": ["h100"], "burst_length_s": 90, "burst_min_serve_s": 20}
+    pool = {"model": "llama-3-8b", "gpus": ["h100"], "burst_length_s": 90, "burst_min_serve_s": 20,
+            "burst_prior_now": 5}  # fmt: skip
     (policy,) = AutoscaleConfig.model_validate({"enabled": True, "pools": [pool]}).policies()
     assert (policy.burst_length_s, policy.burst_min_serve_s) == (90.0, 20.0)
+    assert policy.burst_prior_now == 5.0
     plain = {"model": "llama-3-8b", "gpus": ["h100"]}
     (default,) = AutoscaleConfig.model_validate({"pools": [plain]}).policies()
     assert default.burst_length_s is None and default.burst_min_serve_s is None
+    assert default.burst_prior_now == 1.0
