@@ -10,7 +10,9 @@ the end of the scoreboard; this runs it alone. Writes bench/results/overhead-pee
 (or ``--out``).
 
 ``--workers 1,2`` (the default) runs inferplane once per worker count (``inferplane serve
---workers N``; row ``inferplane workers=N``). The Rust routers run a thread per core, so the
+--workers N``; row ``inferplane workers=N``, the ``workers=N`` variant that
+``peerlib.gateway_cmds`` reads, so ``bench/peers.py --gateways inferplane:workers=2`` runs it
+too). The Rust routers run a thread per core, so the
 like-for-like row, the one the target is judged on, has as many workers as cores.
 """
 
@@ -20,9 +22,7 @@ import argparse
 import json
 import sys
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -30,19 +30,6 @@ from peerlib import gateways as gw
 from peerlib.overhead import measure_overhead, overhead_lines
 
 RESULTS = Path(__file__).resolve().parent / "results" / "overhead-peers.json"
-WORKERS = "workers="
-
-
-def _with_workers(original: Callable[..., list[str]]) -> Callable[..., list[str]]:
-    """``_inferplane_cmd`` that reads the variant ``workers=N`` as ``serve --workers N``."""
-
-    def cmd(engines: list[dict[str, Any]], port: int, workdir: Path, variant: str | None = None
-            ) -> list[str]:  # fmt: skip
-        if variant is not None and variant.startswith(WORKERS):
-            return [*original(engines, port, workdir, None), "--workers", variant[len(WORKERS) :]]
-        return original(engines, port, workdir, variant)
-
-    return cmd
 
 
 def _expand(gateways: str, workers: str) -> list[gw.GatewaySpec]:
@@ -54,7 +41,7 @@ def _expand(gateways: str, workers: str) -> list[gw.GatewaySpec]:
             specs.append(spec)
             continue
         for n in (int(w) for w in workers.split(",") if w):
-            specs.append(spec if n == 1 else gw.GatewaySpec(spec.kind, f"{WORKERS}{n}"))
+            specs.append(spec if n == 1 else gw.GatewaySpec(spec.kind, f"{gw.WORKERS}{n}"))
     return specs
 
 
@@ -65,7 +52,6 @@ def main() -> None:
     p.add_argument("--workers", default="1,2", help="inferplane worker counts, a row each")
     p.add_argument("--out", default=str(RESULTS), help="where the JSON results go")
     args = p.parse_args()
-    gw._inferplane_cmd = _with_workers(gw._inferplane_cmd)
     specs = _expand(args.gateways, args.workers)
     not_run: dict[str, str] = {}
     for spec in specs:

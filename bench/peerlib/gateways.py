@@ -9,8 +9,10 @@ Settings (the peers' best documented ones for this fleet):
 * inferplane: ``inferplane serve`` with the engines' KV events (precise prefix index),
   request log off, health checks 5 s x 3 strikes (as bench/routing.py: the CPU-starved
   emulated engines answer /health late), everything else at its defaults;
+* inferplane ``workers=N`` (variant): the same with ``serve --workers N``;
 * sglang-router / vllm-router: ``--policy cache_aware`` (their recommended policy for
-  prefix reuse; defaults for its thresholds), plus extra rows for other policies;
+  prefix reuse; defaults for its thresholds), plus extra rows for other policies, and
+  warnings only (at INFO they log every request: ~50 MB per overhead run);
 * LiteLLM proxy: one model name over all engines, ``routing_strategy: least-busy``,
   default retries, master key set, local cost map.
 """
@@ -30,11 +32,22 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from peerlib.gateway_cmds import (
+    MASTER_KEY,
+    VARIANTS,
+    WORKERS,
+    inferplane_cmd,
+    litellm_cmd,
+    router_cmd,
+    set_config_leaf,
+)
+
+__all__ = ["MASTER_KEY", "VARIANTS", "WORKERS", "set_config_leaf"]  # re-exported (their old home)
+
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = ROOT / "bench" / "results" / "cache"
 VENVS = CACHE / "venvs"
 LOGS = CACHE / "logs"
-MASTER_KEY = "sk-peers-bench"
 
 
 class GatewayKind(StrEnum):
@@ -65,16 +78,6 @@ class GatewaySpec:
     @property
     def label(self) -> str:
         return self.kind.value if self.policy is None else f"{self.kind.value} {self.policy}"
-
-
-#: Named diagnostic variants of inferplane (``--gateways inferplane:fit16``).
-#: fit16: slot_share 0.07/0.13 (1 / 2 of 16 slots kept for the classes above), the
-#: defaults since 2026-12-01 (h2diag1: 902 vs 853 tasks in time at 0.2/0.25); the row is
-#: kept for runs of older commits (0.2/0.25; before them 0.8/0.85).
-_HEADROOM = "cfg.admission.headroom"
-VARIANTS = {
-    "fit16": f"{_HEADROOM}.slot_share.standard=0.07+{_HEADROOM}.slot_share.sheddable=0.13",
-}
 
 
 def parse_spec(text: str) -> GatewaySpec:
@@ -122,139 +125,15 @@ def venv_python(kind: GatewayKind) -> Path:
 
 
 def _inferplane_cmd(
-    engines: list[dict[str, Any]],
-    port: int,
-    workdir: Path,
-    variant: str | None = None,
+    engines: list[dict[str, Any]], port: int, workdir: Path, variant: str | None = None
 ) -> list[str]:
-    # Defaults, except health checks as bench/routing.py sets them for this rig: the
-    # emulated engines share 2 starved CPUs with the gateway and the client, so their
-    # /health answers late and 2 strikes of 1 s flapped healthy engines COLD (503
-    # no_capacity). The peers have no such check to loosen (they keep routing to every
-    # worker URL), so this only removes an artefact of the rig.
-    gateway = {
-        "host": "127.0.0.1",
-        "port": port,
-        "log_requests": False,
-        "health_timeout_s": 5.0,
-        "unhealthy_after": 3,
-    }
-    cfg: dict[str, Any] = {"gateway": gateway, "endpoints": engines}
-    # A variant is a diagnostic row, never the scoreboard's: "weights.kv_cache=8" (routing
-    # scorer weights, "+"-joined) or "speculative_ttl_s=30" (a prefix-index knob). The
-    # engines' batch slots reach the gateway's priors in their endpoint configs
-    # (``emulated.overrides``), as a deployer would state them.
-    knobs: list[str] = []
-    variant = VARIANTS.get(variant or "", variant)
-    if variant is not None and variant.startswith("weights."):
-        pairs = (item.removeprefix("weights.").split("=") for item in variant.split("+"))
-        cfg["routing"] = {"weights": {axis: float(value) for axis, value in pairs}}
-    elif variant is not None and variant.startswith("cfg."):
-        for item in variant.split("+"):
-            leaf, _, value = item.removeprefix("cfg.").partition("=")
-            set_config_leaf(cfg, leaf.split("."), float(value))
-    elif variant is not None:
-        knobs.append(variant)
-    head = ["-m", "inferplane.cli"]
-    if knobs:
-        head = [str(Path(__file__).with_name("inferplane_variant.py")), "+".join(knobs)]
-    path = workdir / "inferplane.yaml"
-    path.write_text(json.dumps(cfg, indent=1))  # JSON is YAML
-    return [
-        sys.executable,
-        *head,
-        "serve",
-        "-c",
-        str(path),
-        "--port",
-        str(port),
-        "--log-level",
-        "warning",
-        "--no-request-log",
-    ]
-
-
-def set_config_leaf(cfg: dict[str, Any], path: list[str], value: float) -> None:
-    """Set ``path`` (e.g. admission.headroom.slot_share.standard) in a fleet config dict.
-
-    The leaf's parent model is written whole, its other fields at their defaults, so a
-    per-class value can be changed alone (pydantic needs all three classes)."""
-    from inferplane.config import FleetConfig
-
-    model: Any = FleetConfig.model_fields[path[0]].default
-    for name in path[1:-1]:
-        model = getattr(model, name)
-    node = cfg
-    for name in path[:-2]:
-        node = node.setdefault(name, {})
-    parent = node.get(path[-2])
-    if parent is None:  # a model whose fields are all required (PerClass) is written whole
-        whole = all(f.is_required() for f in type(model).model_fields.values())
-        parent = model.model_dump() if whole else {}
-    parent[path[-1]] = value
-    node[path[-2]] = parent
-
-
-def _router_limits(policy: str) -> tuple[str, list[str]]:
-    """``"cache_aware+limit=128+queue=0"`` -> ("cache_aware", [--max-concurrent-requests...]).
-
-    The routers' own concurrency limiter (off by default): at most ``limit`` calls in
-    flight, ``queue`` more waiting, the rest answered 429 at once."""
-    name, *opts = policy.split("+")
-    flags = {"limit": "--max-concurrent-requests", "queue": "--queue-size"}
-    extra: list[str] = []
-    for opt in opts:
-        key, _, value = opt.partition("=")
-        extra += [flags[key], str(int(value))]
-    return name, extra
+    """inferplane's command line (``gateway_cmds.inferplane_cmd``; ``workers=N`` runs N)."""
+    return inferplane_cmd(engines, port, workdir, variant)
 
 
 def _router_cmd(spec: GatewaySpec, python: Path, urls: list[str], port: int) -> list[str]:
-    module = (
-        "sglang_router.launch_router"
-        if spec.kind is GatewayKind.SGLANG
-        else ("vllm_router.launch_router")
-    )
-    return [
-        str(python),
-        "-m",
-        module,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--worker-urls",
-        *urls,
-        "--policy",
-        *_router_limits(spec.policy or "cache_aware")[:1],
-        *_router_limits(spec.policy or "cache_aware")[1],
-        "--prometheus-host",
-        "127.0.0.1",
-        "--prometheus-port",
-        str(free_port()),
-    ]
-
-
-def _litellm_cmd(python: Path, urls: list[str], port: int, workdir: Path) -> list[str]:
-    cfg = {
-        "model_list": [
-            {
-                "model_name": "llama-3-8b",
-                "litellm_params": {
-                    "model": "openai/llama-3-8b",
-                    "api_base": f"{u}/v1",
-                    "api_key": "none",
-                },
-            }
-            for u in urls
-        ],
-        "router_settings": {"routing_strategy": "least-busy"},
-        "general_settings": {"master_key": MASTER_KEY},
-    }
-    path = workdir / "litellm.yaml"
-    path.write_text(json.dumps(cfg, indent=1))
-    litellm = python.parent / "litellm"
-    return [str(litellm), "--config", str(path), "--host", "127.0.0.1", "--port", str(port)]
+    policy = spec.policy or "cache_aware"
+    return router_cmd(spec.kind.value, python, urls, port, policy, free_port())
 
 
 @dataclass(slots=True)
@@ -377,7 +256,7 @@ def start(
         cmd = _inferplane_cmd(engines, port, workdir, spec.policy)
         health = f"{base}/ready"
     elif spec.kind is GatewayKind.LITELLM:
-        cmd, health = _litellm_cmd(python, urls, port, workdir), f"{base}/health/liveliness"
+        cmd, health = litellm_cmd(python, urls, port, workdir), f"{base}/health/liveliness"
         # Offline machine: without these, LiteLLM retries a tokenizer download from the
         # model hub for ~20 s on every call whose model name looks like llama-3.
         env.update(
