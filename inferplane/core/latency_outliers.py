@@ -19,7 +19,14 @@ calls (a cached prompt predicted at 10 ms that took 10 ms + d), the excess
 medians are at least k and d, so ratio needs ``d / p >= 2k`` and excess ``(k - 1) p >= 2d``,
 which multiply to ``k - 1 >= 4k``. Medians are ``median_low`` (an actual sample, the same
 one for both summaries when the count is odd; for an even count the two picks still keep
-that product below 1), so the argument holds sample for sample. Pure, no clock.
+that product below 1), so the argument holds sample for sample.
+
+The pool's ratio counts as at least 1 (the prediction itself): where predictions run high
+for most calls (the breaker's allowance for a KV-bound engine's queue is generous) the
+pool's median ratio falls below 1 and its median excess to 0, and a queued call that took
+2.2x its prediction was ejected against a pool at 0.69x (live agentic TP2 run at fea170e);
+an endpoint now has to be ``latency_ratio`` x its own prediction at least, which a
+5x-slow GPU still is. Pure, no clock.
 """
 
 from __future__ import annotations
@@ -67,7 +74,8 @@ def reference(stats: Iterable[LatencyStat]) -> LatencyStat:
 
 
 def ratio_limit(pool: LatencyStat, latency_ratio: float, min_ratio: float) -> float:
-    return max(min_ratio, latency_ratio * pool.ratio)
+    """``latency_ratio`` x the pool's ratio, that ratio taken as at least 1 (module docstring)."""
+    return max(min_ratio, latency_ratio * max(1.0, pool.ratio))
 
 
 def is_outlier(

@@ -98,6 +98,9 @@ def test_no_sample_of_the_same_slowdown_is_an_outlier_against_it(
         (LatencyStat(2.9, 3.0), LatencyStat(1.0, 0.0), False),  # ratio under 3x
         (LatencyStat(1.4, 3.0), LatencyStat(0.2, 0.0), False),  # under the 1.5x floor
         (LatencyStat(3.0, -0.1), LatencyStat(1.0, -0.5), False),  # not late at all
+        # a pool whose predictions run high: its ratio counts as 1 (the live TP2 ejection)
+        (LatencyStat(2.22, 1.962), LatencyStat(0.69, 0.0), False),
+        (LatencyStat(5.0, 4.0), LatencyStat(0.69, 0.0), True),  # a 5x-slow GPU still goes
     ],
 )
 def test_outlier_needs_both_ratio_and_excess(
