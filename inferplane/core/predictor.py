@@ -19,12 +19,11 @@ Model (per endpoint, from a prior of the endpoint's hardware, calibrated online)
 For the breaker only, ``queue_wait_s`` adds what the TTFT above leaves out on an engine
 that queues with free slots or whose KV is full (KV-bound): a new call starts as running
 calls finish, one every (decode time / running calls), so it waits about (queued + 1) x
-that. The decode time
-is the uncalibrated TPOT times the decode steps a call takes, learned over every endpoint
-(first token to finish, over the TPOT predicted at dispatch: a slow engine's share moves
-it by its share only), so a healthy engine's own queue explains its wait while a degraded
-engine's queue, emptied 5x slower, does not. Routing does not use it: folding it into the
-routing TTFT (e2a8925) cost hit rate live.
+that. The decode time is the uncalibrated TPOT times the decode steps a call takes,
+learned over every endpoint (first token to finish, over the TPOT predicted at dispatch:
+a slow engine's share moves it by its share only), so a healthy engine's own queue
+explains its wait while a degraded engine's queue, emptied 5x slower, does not. Routing
+does not use it: folding it into the routing TTFT (e2a8925) cost hit rate live.
 
 Calibration: each observed TTFT (TPOT) divided by the uncalibrated prediction made at
 dispatch is a ratio; a per-endpoint factor follows those ratios as an EWMA in log space, each

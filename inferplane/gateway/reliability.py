@@ -8,7 +8,7 @@ a pool being the first model an endpoint serves), and per pool one ``RetryBudget
   the call (429 with ``Retry-After``), the pool's active count feeds the budget;
 * ``predict`` at dispatch: the predictor's *uncalibrated* TTFT/TPOT (a calibrated one
   absorbs a degraded GPU's slowness), the TTFT with the wait behind the engine's queue
-  when the engine queues with free slots (``expected``: a KV-full engine's queue explains
+  when it is KV-bound (``expected``: a KV-full engine's queue explains
   its TTFT; without it the breaker ejected healthy KV-full engines as latency outliers),
   against which ``record`` measures each attempt;
 * ``record`` when an attempt ends: the breaker counts it; a transition (ejection, probe,
@@ -186,7 +186,7 @@ class Reliability:
     ) -> tuple[float, float]:
         """What the breaker judges an attempt sent now against: the predictor's
         uncalibrated (TTFT, TPOT), the TTFT plus its wait behind the engine's queue when
-        the engine queues with free slots (``LatencyPredictor.queue_wait_s``), so that a
+        the engine is KV-bound (``LatencyPredictor.queue_wait_s``), so that a
         healthy engine's latency explained by its own queue is not an outlier while a
         degraded one's still is (that wait is at a healthy engine's pace)."""
         assert self.predictor is not None
