@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit fast bench-calibration bench-fleet bench-gateway bench-peers clean
+.PHONY: demo test lint typecheck unit fast compiled bench-calibration bench-fleet bench-gateway bench-peers clean
 
 TEST_STAMP := $(VENV)/.installed-test
 
@@ -40,6 +40,11 @@ unit: $(TEST_STAMP)
 fast: $(STAMP)
 	$(BIN)/pytest -q -m 'not slow'
 
+# Opt-in: HEAD exported to build/compiled with the policy core compiled by mypyc (minutes of C
+# compilation; not part of `make test`). Run it with PYTHONPATH=build/compiled.
+compiled: $(STAMP)
+	$(BIN)/python bench/gateway_compile.py --out build/compiled
+
 bench-calibration: $(STAMP)
 	$(BIN)/python bench/engine_calibration.py
 
@@ -55,4 +60,4 @@ bench-peers: $(STAMP)
 	$(BIN)/python bench/peers.py $(if $(QUICK),--quick)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build/compiled

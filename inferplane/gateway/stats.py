@@ -7,6 +7,7 @@ the app so the app stays about calls.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from inferplane.core.state import StoreMode
@@ -72,7 +73,9 @@ def stats_body(gw: Gateway) -> dict[str, Any]:
         "in_flight": gw.in_flight,
         "endpoints": gw.tracker.stats(now),
         "routing": gw.router.stats(),
-        "accounting": gw.recorder.snapshot(now),
+        # A plain dict, not the dataclass: orjson reads a dataclass's fields from its
+        # ``__dict__``/slots, which a mypyc-compiled core (bench/gateway_compile.py) lacks.
+        "accounting": dataclasses.asdict(gw.recorder.snapshot(now)),
         "admission": gw.gate.snapshot(),
         "cache": gw.cache.stats(),
         "state": state_stats(gw),

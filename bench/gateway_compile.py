@@ -1,0 +1,84 @@
+"""An opt-in compiled copy of inferplane: the pure policy-core modules built with mypyc.
+
+The gateway spends most of its per-call CPU in small pure-Python steps of the policy core
+(``bench/gateway_callpath.py``). mypyc, which ships with mypy (a dev dependency), compiles
+type-annotated modules to C extensions with no source change. This script never touches the
+working tree: it exports a commit (``git archive``, default HEAD) to ``--out`` and compiles
+the listed modules there, next to their sources, so that
+
+    PYTHONPATH=build/compiled python -m inferplane.cli serve -c fleet.yaml
+
+runs the compiled core (``make compiled`` builds it). Compiled modules shadow their ``.py``
+files, which is why it is a separate copy: a source edit in the checkout is never hidden by
+a stale build. Not part of ``make test`` (a full build is minutes of C compilation on two
+cores).
+
+Left out: ``routing`` (its ``@runtime_checkable`` ``ClaimSource`` Protocol, which mypyc
+rejects), the pydantic config modules (``admission_config``, ``routing_config``,
+``cache_config``: compiled references to pydantic's modules do not build) and modules off the
+call path (autoscaler, simulator, prefix index, semantic cache).
+
+    python bench/gateway_compile.py [--out build/compiled] [--commit HEAD] [--modules a,b]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: Pure core modules on the gateway's call path that mypyc builds (checked by building).
+MODULES = (
+    "predictor", "filters", "capacity", "headroom", "admission", "admission_stats",
+    "admission_deadline", "admission_decisions", "quotas", "breaker", "breaker_types",
+    "latency_outliers", "throttle", "accounting", "accounting_types", "spend_meter",
+    "candidates", "scoring_context", "scorers", "affinity", "retry", "queueing",
+    "queue_items", "cache", "prompt_reuse", "kv_claims", "slowstart", "resumption",
+    "workflows", "workflow_sync", "types",
+)  # fmt: skip
+
+
+def export(commit: str, out: Path) -> None:
+    """The commit's tree (tracked files only) at ``out``, replacing what was there."""
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", commit], check=True, capture_output=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(out)], input=archive, check=True)
+
+
+def compile_modules(out: Path, modules: list[str]) -> float:
+    """Build ``modules`` (names under inferplane/core) in place in ``out``; seconds taken."""
+    files = [f"inferplane/core/{m}.py" for m in modules]
+    mypyc = Path(sys.executable).with_name("mypyc")
+    start = time.monotonic()
+    subprocess.run([str(mypyc), *files], cwd=out, check=True)
+    shutil.rmtree(out / "build", ignore_errors=True)  # C sources and objects
+    return time.monotonic() - start
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument("--out", default=str(ROOT / "build" / "compiled"))
+    p.add_argument("--commit", default="HEAD")
+    p.add_argument("--modules", default=",".join(MODULES), help="core module names")
+    args = p.parse_args()
+    out = Path(args.out).resolve()
+    if out == ROOT or out in ROOT.parents:
+        raise SystemExit("--out must be a separate folder (not the checkout itself)")
+    export(args.commit, out)
+    took_s = compile_modules(out, [m for m in args.modules.split(",") if m])
+    built = sorted(p.name for p in (out / "inferplane" / "core").glob("*.so"))
+    print(f"compiled {len(built)} modules in {took_s:.0f} s into {out}")
+    print(f"run with: PYTHONPATH={out} python -m inferplane.cli serve -c <fleet.yaml>")
+
+
+if __name__ == "__main__":
+    main()
