@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from inferplane.core.types import EndpointView
+from inferplane.core.types import CallContext, EndpointView
 from inferplane.engine.types import EngineEvent, RequestFinished, TokensGenerated
 from inferplane.sim.baselines import Inferplane
 from inferplane.sim.calibration import PredictorFeed
@@ -30,6 +30,7 @@ class CalibratedSimulation(Simulation):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.feed: PredictorFeed | None = None
+        self._cached_at_route: dict[str, int] = {}  # engine id -> cached prompt tokens
         if isinstance(self.policy, Inferplane) and self.fleet.endpoints:
             block = self.fleet.endpoints[0].engine.profile.block_size
             self.feed = PredictorFeed(self.policy.predictor, self.policy.prefix_index, block)
@@ -42,7 +43,13 @@ class CalibratedSimulation(Simulation):
             return
         if call.engine_id not in self._by_engine_id:  # refused by the engine
             return
-        self.feed.dispatched(call.engine_id, ctx, endpoint.view(), now)
+        cached = self._cached_at_route.pop(call.engine_id, None)
+        self.feed.dispatched(call.engine_id, ctx, endpoint.view(), now, cached)
+
+    def _record_route(self, ep: SimEndpoint, ctx: CallContext, now: float) -> None:
+        if self.feed is not None:  # what the endpoint held before this call's own guesses
+            self._cached_at_route[ctx.request_id] = self.feed.cached_tokens(ctx, ep.name)
+        super()._record_route(ep, ctx, now)
 
     def _handle(self, ep: SimEndpoint, events: list[EngineEvent]) -> None:
         super()._handle(ep, events)

@@ -58,12 +58,21 @@ class PredictorFeed:
             count += 1
         return count
 
-    def dispatched(self, key: str, call: CallContext, view: EndpointView, now: float) -> None:
-        """``call`` (tracked as ``key``) was submitted to ``view``'s endpoint at ``now``."""
-        cached = 0
-        if self._index is not None and call.prompt_block_keys:
-            blocks = self._index.match(call.prompt_block_keys, (view.name,)).get(view.name, 0)
-            cached = min(call.num_prompt_tokens, blocks * self._block_size)
+    def cached_tokens(self, call: CallContext, endpoint: str) -> int:
+        """Prompt tokens of ``call`` the index says ``endpoint`` holds (ask before the
+        route's own guesses are recorded, as the gateway's ``on_dispatch`` does)."""
+        if self._index is None or not call.prompt_block_keys:
+            return 0
+        blocks = self._index.match(call.prompt_block_keys, (endpoint,)).get(endpoint, 0)
+        return min(call.num_prompt_tokens, blocks * self._block_size)
+
+    def dispatched(
+        self, key: str, call: CallContext, view: EndpointView, now: float, cached: int | None = None
+    ) -> None:
+        """``call`` (tracked as ``key``) was submitted to ``view``'s endpoint at ``now``, with
+        ``cached`` prompt tokens held there (None: ask the index now)."""
+        if cached is None:
+            cached = self.cached_tokens(call, view.name)
         uncached = max(0, call.num_prompt_tokens - cached)
         estimate = self.predictor.predict(view, call.model, uncached, now)
         self.predictor.on_dispatch(key, view.name, uncached, estimate)

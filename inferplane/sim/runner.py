@@ -238,8 +238,7 @@ class Simulation(EngineSync, Upkeep, Scaling):
             self.gate.on_finish(ctx, now, 0, False)
             self._attempt_failed(call, now, Outcome.REJECTED, "cannot_fit")
             return
-        if self.kv is not None:
-            self.kv.routed(ep.name, ctx.prompt_block_keys, now)
+        self._record_route(ep, ctx, now)
         ep.in_flight += 1
         call.dispatch_s = now
         call.endpoint = ep

@@ -110,6 +110,11 @@ class EngineSync:
                 return ranked
         return policy.route(ctx, views, now, self._route_rng).names()
 
+    def _record_route(self, ep: SimEndpoint, ctx: CallContext, now: float) -> None:
+        """The call was submitted to ``ep``: its prompt becomes a guess in the prefix index."""
+        if self.kv is not None:
+            self.kv.routed(ep.name, ctx.prompt_block_keys, now)
+
     def _wake(self, ep: SimEndpoint, now: float) -> None:
         engine = ep.engine
         t = engine.next_wake_time() if FAST_FORWARD else engine.next_event_time()

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pytest
 
-from inferplane.core.predictor import LatencyPredictor
+from inferplane.config import load_config
+from inferplane.core.predictor import LatencyEstimate, LatencyPredictor
 from inferplane.core.types import CallContext, PriorityClass
+from inferplane.sim.calibrated import CalibratedSimulation
 from inferplane.sim.calibration import PredictorFeed
+from inferplane.sim.scenario import load_scenario
 from tests.core.routing_helpers import view
+from tests.sim.helpers import write_scenario
 
 MODEL = "llama-3-8b"
 
@@ -75,3 +82,35 @@ def test_cached_prefix_is_not_queued_as_prefill() -> None:
     feed = PredictorFeed(pred, OneMatch("h", blocks=10), block_size=16)
     feed.dispatched("r", _call("r", prompt=1000, keys=(1, 2, 3)), ep, 0.0)
     assert pred.queued_tokens(ep) == 1000 - 160
+
+
+def test_the_feed_counts_what_the_endpoint_held_before_the_route_was_guessed(
+    tmp_path: Path,
+) -> None:
+    """As the gateway's ``on_dispatch``: the cached prompt is matched before the route's own
+    guesses enter the index (after them, every prompt would look fully cached)."""
+    path = write_scenario(tmp_path, duration_s=15, drain_s=10, faults=[])
+    sc = load_scenario(path)
+    sim = CalibratedSimulation(sc, load_config(path.parent / sc.fleet), path.parent, "inferplane")
+    assert sim.feed is not None
+    seen: list[tuple[int, int]] = []  # (prompt tokens, uncached tokens) per dispatch
+    on_dispatch = sim.feed.predictor.on_dispatch
+    prompts: dict[str, int] = {}
+
+    def spy(key: str, endpoint: str, uncached: int, estimate: LatencyEstimate) -> None:
+        seen.append((prompts[key], uncached))
+        on_dispatch(key, endpoint, uncached, estimate)
+
+    dispatched = sim.feed.dispatched
+
+    def keep(key: str, call: CallContext, *args: Any) -> None:
+        prompts[key] = call.num_prompt_tokens
+        dispatched(key, call, *args)
+
+    sim.feed.predictor.on_dispatch = spy  # type: ignore[method-assign]
+    sim.feed.dispatched = keep  # type: ignore[method-assign]
+    sim.run()
+    assert len(seen) > 30
+    cold = sum(1 for prompt, uncached in seen if uncached >= prompt - 16)
+    assert cold > 0.2 * len(seen)  # first calls of tasks and chats are not cached anywhere
+    assert any(0 < uncached < prompt - 16 for prompt, uncached in seen)  # later agent steps
