@@ -8,10 +8,25 @@ from __future__ import annotations
 
 import argparse
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["plot", "rate_factor", "table", "verdicts"]
+from inferplane.engine.sizing import gpu_option
+
+__all__ = ["CallResult", "plot", "rate_factor", "summarise", "table", "verdicts"]
+
+POOL, GPU = "llama-3-8b", "h100"
+
+
+@dataclass(slots=True)
+class CallResult:
+    sent_s: float
+    ttft_s: float | None
+    e2e_s: float | None
+    ok: bool
+    work_tokens: int  # uncached prompt plus completion, from the usage chunk
+    why: str = ""  # a failure: HTTP status and error code, or the exception
 
 
 def rate_factor(t: float, args: argparse.Namespace) -> float:
@@ -86,3 +101,49 @@ def verdicts(by: dict[str, dict[str, Any]]) -> list[str]:
         again = verdicts({"inferplane": ip, "queue-hpa": by["queue-hpa-open"]})
         out += [v.replace("queue-hpa", "queue-hpa-open") for v in again]
     return out
+
+
+def _met(c: CallResult, args: argparse.Namespace) -> bool:
+    """A streamed call within its SLO: answered, first token and end within their bounds."""
+    return (
+        c.ok and c.ttft_s is not None and c.ttft_s <= args.slo_ttft_s
+        and c.e2e_s is not None and c.e2e_s <= args.slo_e2e_s
+    )  # fmt: skip
+
+
+def summarise(
+    arm: str, driver: Any, series: list[tuple[float, int, int, str]], elapsed: float,
+    decisions: list[Any], args: argparse.Namespace,
+) -> dict[str, Any]:  # fmt: skip
+    """One arm's result (``driver``: the bench's load driver, its calls and task counts)."""
+    option = gpu_option(POOL, GPU, time_scale=args.time_scale)
+    gpu_s = sum(p[1] * (series[i + 1][0] - p[0]) for i, p in enumerate(series[:-1]))
+    calls: list[CallResult] = driver.calls
+    met = sum(_met(c, args) for c in calls)
+    spend = gpu_s / 3600 * option.price_per_hour_usd
+    buckets: dict[int, list[int]] = {}
+    for c in calls:
+        if c.ok:
+            buckets.setdefault(int(c.sent_s // 10), []).append(c.work_tokens)
+    peak_work = max((sum(w) / 10 for w in buckets.values()), default=0.0)
+    ttfts = sorted(c.ttft_s for c in calls if c.ttft_s is not None)
+    failures: dict[str, int] = {}
+    missed: dict[int, int] = {}  # calls that missed the SLO (failed too), by 10 s of sending
+    for c in calls:
+        if not c.ok:
+            failures[c.why] = failures.get(c.why, 0) + 1
+        if not _met(c, args):
+            missed[10 * int(c.sent_s // 10)] = missed.get(10 * int(c.sent_s // 10), 0) + 1
+    return {
+        "arm": arm, "calls": len(calls), "ok": sum(c.ok for c in calls),
+        "slo_attainment": met / len(calls) if calls else None,
+        "ttft_p90_s": ttfts[int(0.9 * (len(ttfts) - 1))] if ttfts else None,
+        "tasks_ok": driver.tasks_ok, "tasks_failed": driver.tasks_failed,
+        "gpu_hours": gpu_s / 3600, "spend_usd": spend,
+        "cost_per_successful_task_usd": spend / driver.tasks_ok if driver.tasks_ok else None,
+        "max_replicas": max(p[1] for p in series), "elapsed_s": elapsed,
+        "peak_work_tokens_per_s": peak_work, "replica_tokens_per_s": option.tokens_per_s,
+        "series": [[round(t, 1), n, r, code] for t, n, r, code in series],
+        "failures": failures, "missed_by_10s": dict(sorted(missed.items())),
+        "last_decisions": decisions,
+    }  # fmt: skip
