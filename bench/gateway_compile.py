@@ -1,4 +1,4 @@
-"""An opt-in compiled copy of inferplane: the pure policy-core modules built with mypyc.
+"""An opt-in compiled copy of inferplane: the call path's core and gateway modules, by mypyc.
 
 The gateway spends most of its per-call CPU in small pure-Python steps of the policy core
 (``bench/gateway_callpath.py``). mypyc, which ships with mypy (a dev dependency), compiles
@@ -13,10 +13,18 @@ files, which is why it is a separate copy: a source edit in the checkout is neve
 a stale build. Not part of ``make test`` (a full build is minutes of C compilation on two
 cores).
 
+With the gateway's own call-path modules compiled too (``GATEWAY_MODULES``), the instances of
+their classes take no monkeypatched methods or attributes of another type: tests and benches
+that patch them (``bench/gateway_callpath.py``'s stage timers and in-memory engine,
+``tests/gateway/test_shared_ledger.py``'s spy) run on the plain tree only; build with
+``--gateway-modules ""`` for a core-only copy they accept. The rest of tests/gateway passes
+on the compiled copy.
+
 Left out: ``routing`` (its ``@runtime_checkable`` ``ClaimSource`` Protocol, which mypyc
 rejects), the pydantic config modules (``admission_config``, ``routing_config``,
 ``cache_config``: compiled references to pydantic's modules do not build) and modules off the
-call path (autoscaler, simulator, prefix index, semantic cache).
+call path (autoscaler, simulator, prefix index, semantic cache); in the gateway, classes built
+on aiohttp's or asyncio's (the front server, the upstream client) and ``context`` (not tried).
 
     python bench/gateway_compile.py [--out build/compiled] [--commit HEAD] [--modules a,b]
 """
@@ -41,6 +49,11 @@ MODULES = (
     "queue_items", "cache", "prompt_reuse", "kv_claims", "slowstart", "resumption",
     "workflows", "workflow_sync", "types",
 )  # fmt: skip
+#: Gateway modules on the call path that build too (``--gateway-modules ""``: core only).
+GATEWAY_MODULES = (
+    "planner", "recorder", "exchange", "relay", "proxy", "app", "tracker", "metrics",
+    "request_body",
+)  # fmt: skip
 
 
 def export(commit: str, out: Path) -> None:
@@ -55,8 +68,8 @@ def export(commit: str, out: Path) -> None:
 
 
 def compile_modules(out: Path, modules: list[str]) -> float:
-    """Build ``modules`` (names under inferplane/core) in place in ``out``; seconds taken."""
-    files = [f"inferplane/core/{m}.py" for m in modules]
+    """Build ``modules`` (``core/x``, ``gateway/y``) in place in ``out``; seconds taken."""
+    files = [f"inferplane/{m}.py" for m in modules]
     mypyc = Path(sys.executable).with_name("mypyc")
     start = time.monotonic()
     subprocess.run([str(mypyc), *files], cwd=out, check=True)
@@ -69,13 +82,16 @@ def main() -> None:
     p.add_argument("--out", default=str(ROOT / "build" / "compiled"))
     p.add_argument("--commit", default="HEAD")
     p.add_argument("--modules", default=",".join(MODULES), help="core module names")
+    p.add_argument("--gateway-modules", default=",".join(GATEWAY_MODULES))
     args = p.parse_args()
     out = Path(args.out).resolve()
     if out == ROOT or out in ROOT.parents:
         raise SystemExit("--out must be a separate folder (not the checkout itself)")
     export(args.commit, out)
-    took_s = compile_modules(out, [m for m in args.modules.split(",") if m])
-    built = sorted(p.name for p in (out / "inferplane" / "core").glob("*.so"))
+    core = [f"core/{m}" for m in args.modules.split(",") if m]
+    gateway = [f"gateway/{m}" for m in args.gateway_modules.split(",") if m]
+    took_s = compile_modules(out, core + gateway)
+    built = sorted(p.name for p in (out / "inferplane").glob("*/*.so"))
     print(f"compiled {len(built)} modules in {took_s:.0f} s into {out}")
     print(f"run with: PYTHONPATH={out} python -m inferplane.cli serve -c <fleet.yaml>")
 

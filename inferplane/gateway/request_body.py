@@ -10,7 +10,7 @@ change them. Split from ``context`` (headers and the caller) so each stays one c
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 import orjson
 
@@ -27,8 +27,10 @@ _DEFAULT_MAX_TOKENS = 256
 class ApiKind:
     """The two generation APIs the gateway proxies (upstream path is the same)."""
 
-    CHAT = "/v1/chat/completions"
-    COMPLETIONS = "/v1/completions"
+    # Final: class constants (mypyc, bench/gateway_compile.py, reads plain ones as instance
+    # attributes of a compiled class).
+    CHAT: Final = "/v1/chat/completions"
+    COMPLETIONS: Final = "/v1/completions"
 
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:
