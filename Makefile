@@ -40,8 +40,8 @@ unit: $(TEST_STAMP)
 fast: $(STAMP)
 	$(BIN)/pytest -q -m 'not slow'
 
-# Opt-in: HEAD exported to build/compiled with the call path (core, gateway) compiled by mypyc (minutes of C
-# compilation; not part of `make test`). Run it with PYTHONPATH=build/compiled.
+# Opt-in: HEAD exported to build/compiled with the call path (core, gateway) compiled by
+# mypyc (minutes of C compilation; not part of `make test`). Run with PYTHONPATH=build/compiled.
 compiled: $(STAMP)
 	$(BIN)/python bench/gateway_compile.py --out build/compiled
 
