@@ -78,6 +78,9 @@ class BlockPool:
         if stop <= start:
             return
         parent = hashes[-1] if hashes else self._root
+        if stop - start == size:  # one block (a decode filled it): no iterator to set up
+            hashes.append(hash((seed, parent, tuple(token_ids[start:stop]))) & _MASK64)
+            return
         append = hashes.append
         blocks = iter(token_ids[start:stop])
         for block in zip(*([blocks] * size), strict=False):  # hash_block inlined, C-made tuples

@@ -48,6 +48,8 @@ from inferplane.engine.types import (
     StateChanged,
 )
 
+_READY, _LOADING = EngineState.READY, EngineState.LOADING
+
 
 class EngineModel:
     """One engine replica in the caller's time; see the module docstring for the rules."""
@@ -259,13 +261,14 @@ class EngineModel:
         if now > self._clock_s:
             self._clock_s = now
         while True:
-            if self.state is EngineState.LOADING:
+            if self.state is not _READY:
+                if self.state is not _LOADING:
+                    return
                 load_end = self._load_end_s
                 if load_end is None or load_end > now:
                     return
                 self._become_ready(load_end)
-            if self.state is not EngineState.READY:
-                return
+                continue
             step = self._step
             if step is None:
                 start = self._start_s
