@@ -185,6 +185,7 @@ class PrefixIndex(EntryBook):
         else:  # the common case, inlined: GPU blocks, no CPU tier known on the endpoint
             engine, entries, expiry, holders = ep.engine, ep.entries, ep.expiry, self._holders
             bit, touch, num_new = ep.bit, entries.move_to_end, 0
+            num, limit = self._num_entries, self.config.max_entries
             for engine_hash, key in zip(event.block_hashes, keys, strict=True):
                 if engine_hash not in engine:
                     num_new += 1
@@ -195,12 +196,15 @@ class PrefixIndex(EntryBook):
                 if old is None:
                     entries[key] = GPU
                     holders[key] = holders.get(key, 0) | bit
-                    self._num_entries += 1
-                    if self._num_entries > self.config.max_entries:
+                    num += 1
+                    if num > limit:
+                        self._num_entries = num
                         self._evict()
+                        num = self._num_entries
                 else:
                     entries[key] = (old & ~GUESS) | GPU
                     touch(key)
+            self._num_entries = num
             self._num_engine_hashes += num_new
         ep.counts["blocks_stored"] += len(keys)
 
@@ -255,20 +259,24 @@ class PrefixIndex(EntryBook):
         )
         entries, expiry, touch = ep.entries, ep.expiry, ep.entries.move_to_end
         holders, bit, get = self._holders, ep.bit, entries.get
+        num, limit = self._num_entries, self.config.max_entries
         for key in keys:  # ``_set(ep, key, GUESS)`` inlined for a new entry
             flags = get(key)
             if flags is None:
                 expiry[key] = expires_at
                 entries[key] = GUESS
                 holders[key] = holders.get(key, 0) | bit
-                self._num_entries += 1
-                if self._num_entries > self.config.max_entries:
+                num += 1
+                if num > limit:
+                    self._num_entries = num
                     self._evict()
+                    num = self._num_entries
                 continue
             touch(key)
             if not flags & GPU:  # confirmed in GPU memory needs no guess
                 entries[key] = flags | GUESS
                 expiry[key] = expires_at
+        self._num_entries = num
         if precise:
             self._speculative.append((expires_at, endpoint, keys))
         self.claims.touch(endpoint, keys, now)
