@@ -10,8 +10,10 @@ length, so building a 100K-token prompt is a tuple slice and a concatenation, no
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import lru_cache
 
+from inferplane.core.prefix_blocks import block_keys
 from inferplane.engine.types import FIRST_TEXT_TOKEN_ID, VOCAB_SIZE
 
 _SPAN = VOCAB_SIZE - FIRST_TEXT_TOKEN_ID
@@ -67,3 +69,25 @@ class KeySpace:
     def named(self, index: int) -> int:
         """A stable key for a shared thing (document ``index``, the system prompt: -1)."""
         return self._prefix | ((index + 1) & ((1 << 45) - 1))
+
+
+class KeyChain:
+    """The index's own block keys (``block_keys``, 16-token blocks) of one growing prompt.
+
+    An agent task's every prompt extends the one before it (until the task compacts its
+    context, which starts a new chain), so each step hashes only its new full blocks.
+    Every prompt asked about must extend every prompt asked about before.
+    """
+
+    __slots__ = ("_keys",)
+
+    def __init__(self) -> None:
+        self._keys: list[int] = []
+
+    def keys_for(self, prompt: Sequence[int]) -> tuple[int, ...]:
+        """``tuple(block_keys(prompt))``, hashing only what the chain has not seen."""
+        full, known = len(prompt) // 16, len(self._keys)
+        if full > known:
+            parent = self._keys[-1] if known else 0
+            self._keys += block_keys(prompt[known * 16 : full * 16], 16, parent)
+        return tuple(self._keys[:full])

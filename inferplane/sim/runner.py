@@ -31,7 +31,6 @@ from inferplane.config import FleetConfig
 from inferplane.core.admission import CapacityFn, Enqueue, Reject
 from inferplane.core.autoscaler import Forecast
 from inferplane.core.capacity import pool_capacity
-from inferplane.core.prefix_index import block_keys
 from inferplane.core.queueing import ExitKind, QueueExit
 from inferplane.core.types import CallContext, EndpointView
 from inferplane.engine.types import (
@@ -281,7 +280,7 @@ class Simulation(EngineSync, Upkeep, Scaling):
     def _context(self, call: Call, model: str, now: float) -> CallContext:
         spec, info = call.spec, call.info
         if self._keys_needed and call.keys is None:
-            call.keys = tuple(block_keys(spec.prompt_token_ids))
+            call.keys = spec.block_keys()
         e2e = info.slo.e2e_s
         return CallContext(
             request_id=call.engine_id,

@@ -12,10 +12,11 @@ from __future__ import annotations
 import bisect
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
-from inferplane.sim.prompts import KeySpace, segment
+from inferplane.core.prefix_blocks import block_keys
+from inferplane.sim.prompts import KeyChain, KeySpace, segment
 from inferplane.sim.scenario import (
     AgenticSource,
     ChatSource,
@@ -37,6 +38,14 @@ class CallSpec:
     steps: int  # calls the task will make if all succeed
     prompt_token_ids: tuple[int, ...]
     max_tokens: int
+    #: the task's prompt keys so far (its prompts extend each other); None: hash it all
+    chain: KeyChain | None = field(default=None, compare=False, repr=False)
+
+    def block_keys(self) -> tuple[int, ...]:
+        """The prompt's own block keys (``core.prefix_blocks.block_keys``)."""
+        if self.chain is None:
+            return tuple(block_keys(self.prompt_token_ids))
+        return self.chain.keys_for(self.prompt_token_ids)
 
 
 class CallSource(Protocol):
@@ -231,6 +240,8 @@ class _Task:
     tool_results: list[int]
     pauses_s: list[float]
     num_tokens: int = 0
+    prompt: tuple[int, ...] = ()  # the segments' token ids, extended as they grow
+    chain: KeyChain = field(default_factory=KeyChain)  # their keys, likewise
 
 
 class AgenticTasks:
@@ -265,7 +276,8 @@ class AgenticTasks:
         pauses = [rng.expovariate(1.0 / mean) if mean > 0 else 0.0 for _ in range(n - 1)]
         first = sample_length(src.first_input_tokens, rng, x)
         self._count += 1
-        task = _Task([self._system], outputs, tools, pauses, self._system[1])
+        system = self._system
+        task = _Task([system], outputs, tools, pauses, system[1], segment(*system))
         self._append(task, first, outputs[0])
         self._tasks[self._count] = task
         return t, self._spec(self._count, 0, n, task)
@@ -291,13 +303,14 @@ class AgenticTasks:
             summary = max(1, min(room // 2, room - self._system[1]))
             task.segments = [self._system, (self._keys.fresh(), summary)]
             task.num_tokens = self._system[1] + summary
+            task.prompt = segment(*self._system) + segment(*task.segments[1])
+            task.chain = KeyChain()  # the prompt no longer extends the one before
             num_tokens = min(num_tokens, room - task.num_tokens)
         if num_tokens > 0:
-            task.segments.append((self._keys.fresh(), num_tokens))
+            task.segments.append((key := self._keys.fresh(), num_tokens))
             task.num_tokens += num_tokens
+            task.prompt += segment(key, num_tokens)
 
     def _spec(self, task_id: int, step: int, steps: int, task: _Task) -> CallSpec:
-        prompt: list[int] = []
-        for key, num_tokens in task.segments:
-            prompt.extend(segment(key, num_tokens))
-        return CallSpec(self.name, task_id, step, steps, tuple(prompt), task.outputs[step])
+        out = task.outputs[step]
+        return CallSpec(self.name, task_id, step, steps, task.prompt, out, task.chain)

@@ -12,6 +12,7 @@ import random
 import statistics
 from typing import Any
 
+from inferplane.core.prefix_blocks import block_keys
 from inferplane.sim.prompts import KeySpace, segment
 from inferplane.sim.scenario import (
     AgenticSource,
@@ -167,3 +168,22 @@ def test_segments_and_length_sampling() -> None:
     rng = random.Random(3)
     values = [sample_length(dist, rng) for _ in range(2000)]
     assert min(values) == 5 and max(values) == 300
+
+
+def test_agentic_prompts_and_keys_kept_incrementally_match_a_rebuild() -> None:
+    """A task's prompt and its block keys are extended step by step (a new key chain after
+    each compaction): the same token ids as its segments, the same keys as hashing it all."""
+    tasks = AgenticTasks(_agent_source(calls_per_task=40), _base(limit=4000))
+    _, spec = tasks.next_arrival() or (0.0, None)
+    assert spec is not None
+    chains: list[object] = []  # kept alive, so their ids stay distinct
+    for _ in range(39):
+        task = tasks._tasks[spec.task_id]
+        rebuilt = tuple(t for key, n in task.segments for t in segment(key, n))
+        assert spec.prompt_token_ids == rebuilt
+        assert spec.block_keys() == tuple(block_keys(spec.prompt_token_ids))
+        chains.append(spec.chain)
+        nxt = tasks.follow_up(spec, True)
+        assert nxt is not None
+        spec = nxt[1]
+    assert len({id(c) for c in chains}) > 1  # compacted: a fresh chain, keys still match
