@@ -14,8 +14,13 @@ Design notes (why it looks like this):
   takes empty blocks first and evicts cached content only when it must, least recently
   freed first; a request frees its blocks tail first, so a prefix outlives its suffix.
 * Hashes are seeded per pool (per engine instance, like vLLM's per-process seed): two
-  engines give different hashes to the same tokens, as real ones do. Python's tuple hash
-  of ints is deterministic across processes, fast (C) and 64-bit; it is made unsigned.
+  engines give different hashes to the same tokens, as real ones do. A block's hash is its
+  *unsalted* chain key, ``hash((parent key, block token ids))`` from 0 (Python's tuple hash
+  of ints: deterministic across processes, fast, 64-bit; the gateway's own prefix-index
+  key, ``core.prefix_blocks.block_keys``), made unsigned and XORed with the pool's salt: a
+  bijection, so equal hashes mean equal chains exactly as before. A caller that already
+  knows a prompt's keys (the simulator's router computed them) passes them to
+  ``extend_hashes`` and saves the pool hashing the prompt again.
 * A hash is cached by at most one block: a duplicate computed concurrently stays uncached,
   so the stored/removed events replay into exactly the set of cached hashes.
 * Evicted hashes are queued for the caller, which turns them into ``BlockRemoved`` events
@@ -28,6 +33,8 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
 _MASK64 = (1 << 64) - 1
+_WRAP = 1 << 64
+_MAX_SIGNED = (1 << 63) - 1
 _NO_HASH = -1  # a block without cached content (hashes are unsigned, never negative)
 
 
@@ -42,7 +49,7 @@ class BlockPool:
         "_next_fresh",
         "_ref",
         "_removed",
-        "_root",
+        "_salt",
         "_seed",
         "block_size",
         "num_blocks",
@@ -54,7 +61,7 @@ class BlockPool:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self._seed = seed
-        self._root = hash(("inferplane-kv-root", seed)) & _MASK64
+        self._salt = hash(("inferplane-kv-root", seed)) & _MASK64
         self._ref = [0] * num_blocks
         self._hash = [_NO_HASH] * num_blocks
         self._cached: dict[int, int] = {}  # hash -> block id
@@ -66,26 +73,48 @@ class BlockPool:
     # -- hashing ---------------------------------------------------------------------------
 
     def hash_block(self, parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
-        """The chained hash of a full block: (seed, parent hash, token ids) -> unsigned 64."""
-        parent = self._root if parent_hash is None else parent_hash
-        return hash((self._seed, parent, token_ids)) & _MASK64
+        """The chained hash of a full block: salted chain key of (parent, token ids)."""
+        parent = 0 if parent_hash is None else self._key(parent_hash)
+        return (hash((parent, token_ids)) & _MASK64) ^ self._salt
 
-    def extend_hashes(self, hashes: list[int], token_ids: Sequence[int], num_tokens: int) -> None:
-        """Append the chained hashes of the full blocks of ``token_ids[:num_tokens]``."""
-        size, seed = self.block_size, self._seed
-        start = len(hashes) * size
-        stop = num_tokens - num_tokens % size
+    def _key(self, block_hash: int) -> int:
+        """The unsalted, signed chain key behind a block hash."""
+        key = block_hash ^ self._salt
+        return key - _WRAP if key > _MAX_SIGNED else key
+
+    def extend_hashes(
+        self,
+        hashes: list[int],
+        token_ids: Sequence[int],
+        num_tokens: int,
+        keys: Sequence[int] | None = None,
+    ) -> None:
+        """Append the chained hashes of the full blocks of ``token_ids[:num_tokens]``.
+
+        ``keys``: the chain keys (``block_keys`` with this pool's block size) of the leading
+        full blocks of ``token_ids``, when the caller has them: those are salted, not hashed.
+        """
+        size, salt = self.block_size, self._salt
+        start = len(hashes)
+        stop = num_tokens // size
         if stop <= start:
             return
-        parent = hashes[-1] if hashes else self._root
-        if stop - start == size:  # one block (a decode filled it): no iterator to set up
-            hashes.append(hash((seed, parent, tuple(token_ids[start:stop]))) & _MASK64)
+        if keys is not None and len(keys) > start:
+            known = min(stop, len(keys))
+            hashes += [(k & _MASK64) ^ salt for k in keys[start:known]]
+            start = known
+            if start == stop:
+                return
+        parent = self._key(hashes[-1]) if hashes else 0
+        if stop - start == 1:  # one block (a decode filled it): no iterator to set up
+            block = tuple(token_ids[start * size : stop * size])
+            hashes.append((hash((parent, block)) & _MASK64) ^ salt)
             return
         append = hashes.append
-        blocks = iter(token_ids[start:stop])
-        for block in zip(*([blocks] * size), strict=False):  # hash_block inlined, C-made tuples
-            parent = hash((seed, parent, block)) & _MASK64
-            append(parent)
+        blocks = iter(token_ids[start * size : stop * size])
+        for block in zip(*([blocks] * size), strict=False):  # C-made tuples
+            parent = hash((parent, block))
+            append((parent & _MASK64) ^ salt)
 
     # -- prefix cache ----------------------------------------------------------------------
 

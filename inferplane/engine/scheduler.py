@@ -46,6 +46,8 @@ from inferplane.engine.types import (
     TokensGenerated,
 )
 
+_KEY_BLOCK_TOKENS = 16  # the block size of ``EngineRequest.prompt_block_keys``
+
 
 class Scheduler:
     """Waiting queue, running batch and the KV blocks they hold."""
@@ -211,7 +213,8 @@ class Scheduler:
                 return
             tokens = seq.token_ids
             num_tokens = len(tokens)
-            pool.extend_hashes(seq.block_hashes, tokens, num_tokens)
+            keys = seq.request.prompt_block_keys if bs == _KEY_BLOCK_TOKENS else None
+            pool.extend_hashes(seq.block_hashes, tokens, num_tokens, keys)
             hit = pool.lookup(seq.block_hashes[: (num_tokens - 1) // bs])
             computed = len(hit) * bs
             num_new = min(num_tokens - computed, budget)

@@ -48,6 +48,9 @@ class EngineRequest:
     max_tokens: int
     priority: int = 0  # lower is served first when the scheduler runs in priority mode
     ignore_eos: bool = False  # vLLM extension: generate exactly max_tokens
+    #: the chain keys of the prompt's full 16-token blocks (``core.prefix_blocks.block_keys``)
+    #: when the caller has them: a 16-token-block engine salts them instead of hashing
+    prompt_block_keys: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

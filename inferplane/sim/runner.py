@@ -230,6 +230,7 @@ class Simulation(EngineSync, Upkeep, Scaling):
             spec.max_tokens,
             call.info.priority.rank,
             ignore_eos=True,
+            prompt_block_keys=ctx.prompt_block_keys or None,
         )
         try:
             ep.engine.submit(request, now)

@@ -116,3 +116,21 @@ def test_free_blocks_are_conserved_through_churn() -> None:
         if i % 2:
             pool.free(held.pop(0))
         assert pool.num_free + sum(len(h) for h in held) == pool.num_blocks
+
+
+def test_known_prompt_keys_give_the_hashes_hashing_gives() -> None:
+    """A pool's hashes are its salted chain keys, the gateway's own block keys: a caller
+    that passes a prompt's keys gets the very hashes the pool would compute."""
+    from inferplane.core.prefix_blocks import block_keys
+
+    pool = BlockPool(64, 16, seed=3)
+    tokens = [16 + (i * 7919) % 30_000 for i in range(200)]  # 12 full blocks + 8
+    hashed: list[int] = []
+    pool.extend_hashes(hashed, tokens, len(tokens))
+    keys = block_keys(tokens[:150])  # the prompt: 9 full blocks; the rest was generated
+    given: list[int] = []
+    pool.extend_hashes(given, tokens, 100, keys)  # incremental, keys beyond num_tokens
+    pool.extend_hashes(given, tokens, len(tokens), keys)
+    assert given == hashed and len(hashed) == 12
+    assert [pool._key(h) for h in hashed] == block_keys(tokens)
+    assert BlockPool(64, 16, seed=4).hash_block(None, tuple(tokens[:16])) != hashed[0]
