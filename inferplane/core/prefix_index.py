@@ -184,12 +184,10 @@ class PrefixIndex(EntryBook):
             self._store_tiered(ep, event.block_hashes, keys, tier)
         else:  # the common case, inlined: GPU blocks, no CPU tier known on the endpoint
             engine, entries, expiry, holders = ep.engine, ep.entries, ep.expiry, self._holders
-            bit, touch, num_new = ep.bit, entries.move_to_end, 0
+            bit, touch, known = ep.bit, entries.move_to_end, len(engine)
             num, limit = self._num_entries, self.config.max_entries
             for engine_hash, key in zip(event.block_hashes, keys, strict=True):
-                if engine_hash not in engine:
-                    num_new += 1
-                engine[engine_hash] = key
+                engine[engine_hash] = key  # only ever adds here: new hashes = growth
                 if expiry:
                     expiry.pop(key, None)
                 old = entries.get(key)
@@ -205,7 +203,7 @@ class PrefixIndex(EntryBook):
                     entries[key] = (old & ~GUESS) | GPU
                     touch(key)
             self._num_entries = num
-            self._num_engine_hashes += num_new
+            self._num_engine_hashes += len(engine) - known
         ep.counts["blocks_stored"] += len(keys)
 
     def _store_tiered(
