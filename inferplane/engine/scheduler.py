@@ -282,9 +282,16 @@ class Scheduler:
         self, seq: Sequence, num_full: int, time_s: float, events: list[EngineEvent], emit: bool
     ) -> None:
         """Offer the newly full blocks to the prefix cache; one BlockStored per new run."""
-        pool = self._pool
-        pool.extend_hashes(seq.block_hashes, seq.token_ids, num_full * self._bs)
+        pool, bs, first = self._pool, self._bs, seq.num_registered
+        pool.extend_hashes(seq.block_hashes, seq.token_ids, num_full * bs)
         hashes, blocks = seq.block_hashes, seq.block_ids
+        if num_full == first + 1:  # one block (a decode filled it): the loop below, inlined
+            if pool.register(blocks[first], hashes[first]) and emit:
+                parent = hashes[first - 1] if first else None
+                tokens = tuple(seq.token_ids[first * bs : num_full * bs])
+                events.append(BlockStored(time_s, (hashes[first],), parent, tokens, bs))
+            seq.num_registered = num_full
+            return
         run_start = -1
         for i in range(seq.num_registered, num_full):
             if pool.register(blocks[i], hashes[i]):
