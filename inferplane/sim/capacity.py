@@ -176,14 +176,15 @@ class CapacityBook:
         out = sums.out[pos] = pred.throughput_tokens_per_s(view, model, now)
         sums.out_sum += out
         allowance, kv = cfg.engine_queue_allowance, load.kv_usage
+        free_by, free_sum = sums.free, sums.free_sum
         for c, (slot_share, kv_limit) in self._limits(cfg).items():
             if kv >= kv_limit:
                 free = 0
             else:
                 slots = num_seqs + allowance - math.floor(slot_share * num_seqs)
-                free = max(0, slots - outstanding)
-            sums.free[c][pos] = free
-            sums.free_sum[c] += free
+                free = slots - outstanding if slots > outstanding else 0
+            free_by[c][pos] = free
+            free_sum[c] += free
         rank = sums.rank[pos] = pred.predict(view, model, 0, now).ttft_s
         bisect.insort(sums.order, (rank, pos))
 
