@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import shutil
@@ -54,8 +53,6 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from routing_client import (
@@ -65,6 +62,7 @@ from routing_client import (
     run_agentic,
     run_prefix,
 )
+from routing_gateway import gateway_counters, gateway_prefix, state_changes, wait_ready
 from routing_report import ENGINES, GPU, MODEL, TP, table
 from routing_workloads import (
     AgentShape,
@@ -206,70 +204,6 @@ def _gateway_config(
     return str(path)
 
 
-async def _wait_ready(url: str) -> None:
-    async with aiohttp.ClientSession() as session:
-        for _ in range(300):
-            try:
-                async with session.get(url + "/ready") as resp:
-                    if resp.status == 200:
-                        stats = await (await session.get(url + "/v1/stats")).json()
-                        links = stats["routing"]["kv_events"].values()
-                        if all(link["state"] == "connected" for link in links):
-                            return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.1)
-    raise RuntimeError("the gateway did not become ready")
-
-
-_MAX_REASONS = 20
-
-
-def _state_changes(log_path: Path) -> tuple[dict[str, int], list[str]]:
-    """The gateway's endpoint state changes and breaker events in its log, counted by
-    "to-state: why" and "breaker: trigger", and the first breaker events' reasons."""
-    changes: Counter[str] = Counter()
-    reasons: list[str] = []
-    with contextlib.suppress(OSError):
-        for line in log_path.read_text(errors="replace").splitlines():
-            with contextlib.suppress(ValueError):
-                record = json.loads(line)
-                if record.get("msg") == "endpoint state":
-                    changes[f"{record.get('to')}: {record.get('why')}"] += 1
-                elif record.get("msg") == "breaker":
-                    changes[f"breaker: {record.get('trigger')}"] += 1
-                    reasons.append(f"{record.get('endpoint')} {record.get('trigger')}: "
-                                   f"{record.get('why')}")  # fmt: skip
-    return dict(changes), reasons[:_MAX_REASONS]
-
-
-_COUNTED = ("rejects", "retries", "fallbacks", "admission_decisions")
-_GATEWAY_COUNTERS = tuple(f"inferplane_{name}_total" for name in _COUNTED)
-
-
-async def _gateway_counters(url: str) -> list[str]:
-    """The gateway's nonzero reject, retry, fallback and admission counters (why calls
-    failed or moved, as the gateway saw it)."""
-    async with aiohttp.ClientSession() as session, session.get(url + "/metrics") as resp:
-        text = await resp.text()
-    return [
-        line
-        for line in text.splitlines()
-        if line.startswith(_GATEWAY_COUNTERS) and not line.endswith((" 0", " 0.0"))
-    ]
-
-
-async def _gateway_prefix(url: str) -> dict[str, Any]:
-    """The gateway's prefix-routing counters: how each keyed call's primary compared with
-    the endpoint holding most of its blocks, with a few explained misses."""
-    async with aiohttp.ClientSession() as session, session.get(url + "/v1/stats") as resp:
-        stats = await resp.json()
-    prefix: dict[str, Any] = stats["routing"]["prefix"]
-    prefix.pop("keyed_models", None)
-    prefix["reliability_counts"] = stats.get("reliability", {}).get("counts", {})
-    return prefix
-
-
 def run_policy(policy: str, workload: str, args: argparse.Namespace) -> dict[str, Any]:
     """One policy on one workload with a fresh fleet (and gateway): its measured row."""
     fleet = FleetProcess(policy == "precise", args.time_scale, args.tp)
@@ -287,7 +221,7 @@ def run_policy(policy: str, workload: str, args: argparse.Namespace) -> dict[str
             with log_path.open("w") as log:
                 gateway = subprocess.Popen(serve, stderr=log)
             targets = [f"http://127.0.0.1:{port}"]
-            asyncio.run(_wait_ready(targets[0]))
+            asyncio.run(wait_ready(targets[0]))
         sent: list[list[SentCall]] = []
         load_before = os.getloadavg()[0]
         mark = fleet.lateness()
@@ -306,9 +240,9 @@ def run_policy(policy: str, workload: str, args: argparse.Namespace) -> dict[str
             failed_at = Counter(len(calls) for calls in sent if calls and calls[-1].answer is None)
             row["sessions_failed_at_step"] = dict(sorted(failed_at.items()))
         if gateway is not None:
-            row["gateway_metrics"] = asyncio.run(_gateway_counters(targets[0]))
-            row["gateway_prefix"] = asyncio.run(_gateway_prefix(targets[0]))
-            row["endpoint_state_changes"], row["breaker_reasons"] = _state_changes(log_path)
+            row["gateway_metrics"] = asyncio.run(gateway_counters(targets[0]))
+            row["gateway_prefix"] = asyncio.run(gateway_prefix(targets[0]))
+            row["endpoint_state_changes"], row["breaker_reasons"] = state_changes(log_path)
         return row
     finally:
         if gateway is not None:
