@@ -46,8 +46,21 @@ def deadline_miss(
         e2e_s = ttft_s + best.tpot_s * max(0, num_output - 1)
         left_s = call.deadline_s - now
         if e2e_s > left_s * slack:
-            return f"predicted completion {e2e_s:.2f}s exceeds the {max(0.0, left_s):.2f}s left"
+            return (
+                f"predicted completion {e2e_s:.2f}s exceeds the {max(0.0, left_s):.2f}s left"
+                f" ({_parts(best, ttft_s, num_output)})"
+            )
     return None
+
+
+def _parts(best: LatencyEstimate, ttft_s: float, num_output: int) -> str:
+    """The prediction's parts, for the refusal's message: TTFT = gateway queue + engine
+    wait + prefill, then TPOT per further token."""
+    queue_s = max(0.0, ttft_s - best.ttft_s)
+    return (
+        f"TTFT {ttft_s:.2f}s = queue {queue_s:.2f}s + engine wait {best.wait_s:.2f}s"
+        f" + prefill {best.prefill_s:.2f}s; {max(0, num_output - 1)} x TPOT {best.tpot_s:.3f}s"
+    )
 
 
 def queued_miss(

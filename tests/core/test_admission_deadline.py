@@ -89,6 +89,7 @@ def test_the_queue_ahead_still_counts() -> None:
         assert isinstance(queued, Enqueue)
     late = a.admit(call("late", prompt=300, max_tokens=20, deadline_s=4.0), pool, 0.0)
     assert isinstance(late, Reject) and late.code == "deadline_unreachable"
+    assert "queue " in late.message and "x TPOT" in late.message  # the parts, for diagnosis
 
 
 def test_overtaken_keeps_the_share_not_overtaken() -> None:
