@@ -193,10 +193,12 @@ class EngineModel:
             remaining = left if remaining is None or left < remaining else remaining
         if remaining is None or remaining <= 1:
             return end_s
-        for seq in running:  # blocks the next ``remaining - 1`` steps allocate
-            need += max(0, -(-(seq.num_computed + remaining) // bs) - len(seq.block_ids))
-        if need > self._pool.num_free:
-            return end_s
+        free = self._pool.num_free
+        if free < len(running) * ((remaining - 1) // bs + 2):  # else enough, whatever each needs
+            for seq in running:  # blocks the next ``remaining - 1`` steps allocate
+                need += max(0, -(-(seq.num_computed + remaining) // bs) - len(seq.block_ids))
+            if need > free:
+                return end_s
         num_seqs = step.num_decode_seqs
         return self.perf.decode_stretch_end(
             end_s, num_seqs, step.decode_context_tokens + num_seqs, remaining - 1, self._scale()
@@ -324,7 +326,7 @@ class EngineModel:
         ends += self.perf.decode_step_ends(
             ends[0], num_seqs, context, num_steps - 1, self._scale(), now
         )
-        if len(ends) < 2 or blocks_needed(sched, len(ends)) > self._pool.num_free:
+        if len(ends) < 2 or _short_of_blocks(sched, len(ends), self._pool.num_free):
             return False
         done = run_decode_stretch(sched, ends, self._buffer)
         if done == 0:
@@ -354,3 +356,12 @@ class EngineModel:
     def _flush(self) -> list[EngineEvent]:
         events, self._buffer = self._buffer, []
         return events
+
+
+def _short_of_blocks(sched: Scheduler, num_steps: int, free: int) -> bool:
+    """Whether a stretch of ``num_steps`` needs more blocks than are ``free``. Every running
+    sequence holds blocks for the first step already, so it needs at most
+    ``(num_steps - 1) // block_size + 2`` more; the count is taken only when that could
+    exceed what is free."""
+    bound = len(sched.running) * ((num_steps - 1) // sched._bs + 2)
+    return free < bound and blocks_needed(sched, num_steps) > free
