@@ -14,6 +14,13 @@ Model (per endpoint, from a prior of the endpoint's hardware, calibrated online)
   full or the engine queues (calls ahead x mean output tokens x TPOT / max_num_seqs),
   plus the first step itself. A fully cached call on a saturated replica therefore still
   predicts a long TTFT, which is what lets routing leave a hot prefix holder.
+  The output tokens a call holds its slot for are learned (``slot_steps``): the mean decode
+  steps of finished calls, once ``slot_steps_min_calls`` have finished, else the prior's
+  ``mean_output_tokens``. The mean, not the median: slots free at the rate running calls
+  finish, whose mean is what sets it; it is estimated robustly as a log-normal's,
+  exp(log-mean + log-variance / 2), the variance's share capped at 2x. Learned, not
+  min(prior, learned): the prior is a profile default, and a fleet whose calls decode
+  longer than it would otherwise see full engines as cheaper than they are.
 * TPOT = base + per-sequence cost x batch + full-KV read cost x KV usage.
 
 For the breaker only, ``queue_wait_s`` adds what the TTFT above leaves out on an engine
@@ -48,6 +55,7 @@ from inferplane.core.types import EndpointView
 
 _INITIAL_MEAN_UNCACHED_TOKENS = 512.0
 _STEPS_ALPHA = 0.05  # EWMA weight of one call's decode steps (in log space)
+_MAX_LOG_VAR = 2 * math.log(2.0)  # the mean is at most 2x the median (log-normal)
 _KV_FULL = 0.9  # KV usage from which a new call waits for a running one to finish
 _MAX_RESOLVED = 10_000
 _MAX_MEMO = 4096  # predictions kept between two observations
@@ -97,6 +105,29 @@ class _Factor:
         self.last_s = now if self.last_s is None else max(self.last_s, now)
 
 
+class _StepStats:
+    """Decode steps per call: mean and variance in log space, a running mean for the first
+    1 / ``_STEPS_ALPHA`` calls (no call dominates), then an EWMA."""
+
+    __slots__ = ("count", "log_mean", "log_var")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.log_mean = 0.0
+        self.log_var = 0.0
+
+    def update(self, log_steps: float) -> None:
+        self.count += 1
+        alpha = max(_STEPS_ALPHA, 1.0 / self.count)
+        delta = log_steps - self.log_mean
+        self.log_mean += alpha * delta
+        self.log_var = (1 - alpha) * (self.log_var + alpha * delta * delta)
+
+    def mean_steps(self) -> float:
+        """The mean steps, taking the steps as log-normal."""
+        return math.exp(self.log_mean + 0.5 * min(self.log_var, _MAX_LOG_VAR))
+
+
 @dataclass(slots=True)
 class _Pending:
     endpoint: str
@@ -121,6 +152,7 @@ class LatencyPredictor:
         self._queued_calls: dict[str, int] = {}
         self._mean_uncached = _INITIAL_MEAN_UNCACHED_TOKENS
         self._log_decode_steps: float | None = None  # decode time / raw TPOT, EWMA in log
+        self._slot_stats = _StepStats()  # the same samples, for the slot wait
         # Predictions since the last change of state; the view is kept with its estimate,
         # so its id cannot be reused by another view while the entry lives.
         self._memo: dict[_MemoKey, tuple[EndpointView, LatencyEstimate]] = {}
@@ -197,7 +229,7 @@ class LatencyPredictor:
         excess = max(
             outstanding + 1 - prior.max_num_seqs, load.num_waiting + 1 if load.num_waiting else 0
         )
-        slot_wait_s = excess * prior.mean_output_tokens * raw_tpot / prior.max_num_seqs
+        slot_wait_s = excess * self.slot_steps(prior) * raw_tpot / prior.max_num_seqs
         raw_wait = ahead_s + interference_s + slot_wait_s + raw_tpot  # + the first step itself
         f_ttft = self.ttft_factor(view.name, now)
         wait_s, prefill_s = raw_wait * f_ttft, own_s * f_ttft
@@ -209,6 +241,13 @@ class LatencyPredictor:
             raw_wait + own_s,
             raw_tpot,
         )
+
+    def slot_steps(self, prior: EndpointPrior) -> float:
+        """Decode steps a running call holds its batch slot for (module docstring)."""
+        cfg, stats = self.config, self._slot_stats
+        if not cfg.slot_wait_learned or stats.count < cfg.slot_steps_min_calls:
+            return prior.mean_output_tokens
+        return stats.mean_steps()
 
     def _prefill_ahead_s(
         self, view: EndpointView, prior: EndpointPrior, num_uncached_tokens: int
@@ -283,6 +322,7 @@ class LatencyPredictor:
         if first_s is None or pending.raw_tpot_s <= 0 or now <= first_s:
             return
         log_steps = math.log(max(1.0, (now - first_s) / pending.raw_tpot_s))
+        self._slot_stats.update(log_steps)
         mean = self._log_decode_steps
         self._log_decode_steps = (
             log_steps if mean is None else mean + _STEPS_ALPHA * (log_steps - mean)

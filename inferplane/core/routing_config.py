@@ -61,6 +61,12 @@ class PredictorConfig(_Frozen):
     max_factor: float = Field(default=20.0, gt=0)
     half_life_s: float = Field(default=120.0, gt=0)  # unobserved factors decay toward 1
     max_pending: int = Field(default=100_000, ge=1)  # dispatched calls awaiting first token
+    #: The wait for a batch slot counts each call ahead as holding its slot for the decode
+    #: steps learned from finished calls (their mean, over every endpoint) once
+    #: ``slot_steps_min_calls`` calls have finished; before, or when off, for the prior's
+    #: ``mean_output_tokens`` (a profile default, 256, unless the deployer states it).
+    slot_wait_learned: bool = True
+    slot_steps_min_calls: int = Field(default=20, ge=1)
     default_prior: EndpointPrior = EndpointPrior()
     #: Priors by ``model@gpu`` or ``gpu`` (most specific wins), else the default prior.
     priors: dict[str, EndpointPrior] = Field(default_factory=dict)
