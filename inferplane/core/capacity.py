@@ -20,9 +20,10 @@ in-flight counts, which are always current) and the latency predictor:
 * a call that finds no free slot waits in the gateway queue, not at an engine, and leaves
   it when any endpoint frees one (late binding): :func:`ready_estimate` predicts it on each
   endpoint as that endpoint will be once a slot is free (nothing waiting there), instead
-  of charging every full engine's own slot wait (the predictor's prior of a slot held
-  ``mean_output_tokens``, 256 by default, read 1.8 s per call beyond the 16 slots of the
-  peers' engines, whose calls decode 8-128 tokens).
+  of charging every full engine's own slot wait (until the predictor has learned the
+  decode steps calls take, its prior of a slot held ``mean_output_tokens``, 256 by default,
+  read 1.8 s per call beyond the 16 slots of the peers' engines, whose calls decode 8-128
+  tokens; learned, it is the fleet's mean, ``PredictorConfig.slot_wait_learned``).
 
 Pure: ``now`` is passed in.
 """
