@@ -37,7 +37,8 @@ class EndpointPrior(_Frozen):
 
     ``tpot = decode_base_s + decode_per_seq_s * batch + decode_full_kv_s * kv_usage``;
     prefill runs at ``prefill_tokens_per_s`` in chunks of ``chunk_tokens``; at most
-    ``max_num_seqs`` calls run at once, each holding its slot ~``mean_output_tokens`` steps;
+    ``max_num_seqs`` calls run at once, each holding its slot ~``mean_output_tokens`` steps
+    (until the predictor has learned the steps calls take: ``slot_wait_learned``);
     ``throughput_tokens_per_s`` (output tokens/s at saturation) prices a token.
     The defaults are Llama-3-8B on one H100 (REFERENCE §2).
     """
