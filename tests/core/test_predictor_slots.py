@@ -7,19 +7,11 @@ import math
 import pytest
 
 from inferplane.core.predictor import LatencyPredictor
-from inferplane.core.routing_config import EndpointPrior, PredictorConfig
+from inferplane.core.routing_config import PredictorConfig
 from tests.core.routing_helpers import view
+from tests.core.test_predictor import PRIOR as BASE_PRIOR
 
-PRIOR = EndpointPrior(
-    prefill_tokens_per_s=10_000.0,
-    chunk_tokens=1000,
-    decode_base_s=0.01,
-    decode_per_seq_s=0.001,
-    decode_full_kv_s=0.02,
-    throughput_tokens_per_s=2000.0,
-    max_num_seqs=8,
-    mean_output_tokens=256.0,
-)
+PRIOR = BASE_PRIOR.model_copy(update={"max_num_seqs": 8, "mean_output_tokens": 256.0})
 STEP_S = 0.01 + 0.001 * 9  # a full batch of 8 plus the new call
 
 
