@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import statistics
@@ -56,6 +57,10 @@ from inferplane.sim.traces import TraceRecord  # noqa: E402
 RESULTS = ROOT / "bench" / "results" / "sim-fidelity.json"
 MODEL, GPU, ENGINES = "llama-3-8b", "h100", 8
 LATENCY_TOLERANCE, THROUGHPUT_TOLERANCE = 0.10, 0.05
+#: The simulated arms: the plain ``Simulation`` (predictor on its priors all run) and the one
+#: ``inferplane simulate`` runs (``CalibratedSimulation``: predictor fed as the gateway's is).
+ARMS = {"plain": False, "calibrated": True}
+MEAN_KEYS = ("client_ttft_mean_s", "gateway_ttft_mean_s", "engine_ttft_mean_s")
 
 
 def run_fleet(time_scale: float) -> None:
@@ -224,18 +229,29 @@ TARGETS = (
 )
 
 
-def table(live: dict[str, float], sim: dict[str, float]) -> tuple[list[str], bool]:
-    lines = [f"{'metric':<22}{'live':>10}{'sim':>10}{'sim/live-1':>12}{'target':>9}  verdict"]
-    all_ok = True
+def table(
+    live: dict[str, float], arms: dict[str, dict[str, float]]
+) -> tuple[list[str], dict[str, bool]]:
+    """Live against each simulated arm; the lines and each arm's overall verdict."""
+    head = f"{'metric':<22}{'live':>10}"
+    for name in arms:
+        head += f"{name:>12}{'sim/live-1':>12}{'':>6}"
+    lines = [head + f"{'target':>9}"]
+    verdicts = dict.fromkeys(arms, True)
     for key, tol in TARGETS:
-        rel = sim[key] / live[key] - 1.0 if live[key] else float("inf")
-        ok = abs(rel) <= tol
-        all_ok &= ok
-        lines.append(f"{key:<22}{live[key]:>10.3f}{sim[key]:>10.3f}{rel:>+12.1%}"
-                     f"{'±' + format(tol, '.0%'):>9}  {'PASS' if ok else 'MISS'}")  # fmt: skip
+        line = f"{key:<22}{live[key]:>10.3f}"
+        for name, sim in arms.items():
+            rel = sim[key] / live[key] - 1.0 if live[key] else float("inf")
+            ok = abs(rel) <= tol
+            verdicts[name] &= ok
+            line += f"{sim[key]:>12.3f}{rel:>+12.1%}{'PASS' if ok else 'MISS':>6}"
+        lines.append(line + f"{'±' + format(tol, '.0%'):>9}")
     for key in ("calls", "succeeded", "calls_per_s", "prefix_hit_share"):
-        lines.append(f"{key:<22}{live[key]:>10.2f}{sim[key]:>10.2f}")
-    return lines, all_ok
+        line = f"{key:<22}{live[key]:>10.2f}"
+        for sim in arms.values():
+            line += f"{sim[key]:>12.2f}{'':>18}"
+        lines.append(line)
+    return lines, verdicts
 
 
 def _ms(value: float | None) -> str:
@@ -267,17 +283,19 @@ def main() -> None:
     load_after = os.getloadavg()
     folder = Path(tempfile.mkdtemp())
     write_mooncake(folder / "trace.jsonl", records)
-    started = time.perf_counter()
-    sim, _ = simulate_trace(parse_config(config_dict), folder / "trace.jsonl")
-    sim_wall_s = time.perf_counter() - started
-    live_fig, sim_fig = figures(live), figures(sim)
-    lines, all_ok = table(live_fig, sim_fig)
-    extra = overhead(live, sim)
+    sims: dict[str, list[CallResult]] = {}
+    sim_walls: dict[str, float] = {}
+    for name, calibrated in ARMS.items():
+        started = time.perf_counter()
+        sims[name], _ = simulate_trace(
+            parse_config(config_dict), folder / "trace.jsonl", calibrated=calibrated
+        )
+        sim_walls[name] = time.perf_counter() - started
+    live_fig = figures(live)
+    sim_figs = {name: figures(results) for name, results in sims.items()}
+    lines, verdicts = table(live_fig, sim_figs)
     live_ttft = [r.ttft_s for r in live if r.ttft_s is not None]
-    sim_ttft = [r.ttft_s for r in sim if r.ttft_s is not None]
     means["client_ttft_mean_s"] = statistics.fmean(live_ttft) if live_ttft else float("nan")
-    means["sim_ttft_mean_s"] = statistics.fmean(sim_ttft) if sim_ttft else float("nan")
-    agreement = rand_agreement([r.endpoint for r in live], [r.endpoint for r in sim])
     head = (
         f"simulator fidelity: {ENGINES} x {MODEL} on {GPU} (emulated, time scale "
         f"{args.time_scale:g}), {len(records)} calls at {args.rate:g}/s over "
@@ -286,41 +304,44 @@ def main() -> None:
         f"{'on' if args.calibrate else 'off'}, seed {args.seed}; load average "
         f"{load_before[0]:.1f} -> {load_after[0]:.1f} on {os.cpu_count()} CPUs"
     )
-    tail = [
-        f"live path overhead (median live - sim over {extra['matched_calls']:.0f} calls on the "
-        f"same endpoint): TTFT {_ms(extra['ttft_extra_median_s'])}, "
-        f"e2e {_ms(extra['e2e_extra_median_s'])}; TTFT p90 over those calls: live "
-        f"{_ms(extra['matched_ttft_p90_live_s'])}, sim {_ms(extra['matched_ttft_p90_sim_s'])}",
-        "mean TTFT where it is measured: client {:.0f} ms, gateway {:.0f} ms, engines {:.0f} ms,"
-        " simulated {:.0f} ms".format(
-            *(
-                1e3 * means[k]
-                for k in (
-                    "client_ttft_mean_s",
-                    "gateway_ttft_mean_s",
-                    "engine_ttft_mean_s",
-                    "sim_ttft_mean_s",
-                )
-            )
-        ),
+    tail: list[str] = []
+    extras: dict[str, dict[str, float | None]] = {}
+    agreements: dict[str, dict[str, float]] = {}
+    for name, sim in sims.items():
+        extra = extras[name] = overhead(live, sim)
+        sim_ttft = [r.ttft_s for r in sim if r.ttft_s is not None]
+        means[f"sim_{name}_ttft_mean_s"] = statistics.fmean(sim_ttft) if sim_ttft else float("nan")
+        agreement = rand_agreement([r.endpoint for r in live], [r.endpoint for r in sim])
+        agreements[name] = {"same_choice_share": agreement.same_choice_share,
+                            "adjusted_rand_index": agreement.adjusted_rand_index}  # fmt: skip
+        tail += [
+            f"[{name}] live path overhead (median live - sim over {extra['matched_calls']:.0f} "
+            f"calls on the same endpoint): TTFT {_ms(extra['ttft_extra_median_s'])}, "
+            f"e2e {_ms(extra['e2e_extra_median_s'])}; TTFT p90 over those calls: live "
+            f"{_ms(extra['matched_ttft_p90_live_s'])}, sim {_ms(extra['matched_ttft_p90_sim_s'])}",
+            f"[{name}] routing agreement: same endpoint {agreement.same_choice_share:.1%}, "
+            f"adjusted Rand index {agreement.adjusted_rand_index:.2f}; simulated mean TTFT "
+            f"{1e3 * means[f'sim_{name}_ttft_mean_s']:.0f} ms; wall {sim_walls[name]:.1f} s",
+        ]
+    tail += [
+        "mean TTFT where it is measured: client {:.0f} ms, gateway {:.0f} ms, engines {:.0f} "
+        "ms".format(*(1e3 * means[k] for k in MEAN_KEYS)),
         "emulated engines' lateness (wake-ups after the model's event was due): mean "
         f"{_ms(means.get('mean_lateness_s'))}, max {_ms(means.get('max_lateness_s'))}, "
         f"{means.get('late_wakeup_share', float('nan')):.1%} of wake-ups over 1 ms late",
-        f"routing agreement: same endpoint {agreement.same_choice_share:.1%}, adjusted Rand "
-        f"index {agreement.adjusted_rand_index:.2f}",
-        f"wall: live {live_wall_s:.0f} s, simulated {sim_wall_s:.1f} s",
-        f"overall: {'PASS' if all_ok else 'MISS'}",
+        f"wall: live {live_wall_s:.0f} s",
+        "overall: " + ", ".join(f"{n} {'PASS' if ok else 'MISS'}" for n, ok in verdicts.items()),
     ]
     print("\n".join([head, *lines, *tail]))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     payload = {
-        "args": vars(args), "live": live_fig, "sim": sim_fig, "overhead": extra,
-        "ttft_means": means,
-        "agreement": {"same_choice_share": agreement.same_choice_share,
-                      "adjusted_rand_index": agreement.adjusted_rand_index},
-        "load_average": [load_before[0], load_after[0]], "table": [head, *lines, *tail],
-        "pass": all_ok,
+        "args": vars(args), "live": live_fig, "sim": sim_figs["plain"],
+        "sim_calibrated": sim_figs["calibrated"], "overhead": extras, "ttft_means": means,
+        "agreement": agreements, "load_average": [load_before[0], load_after[0]],
+        "table": [head, *lines, *tail], "pass": verdicts["plain"],
+        "pass_calibrated": verdicts["calibrated"],
+        "live_calls": [dataclasses.astuple(r) for r in live],  # to replay sim arms later
     }  # fmt: skip
     out.write_text(json.dumps(payload, indent=2))
 

@@ -35,6 +35,8 @@ import orjson
 
 from inferplane.config import FleetConfig
 from inferplane.sim.baselines import wired_like_gateway
+from inferplane.sim.calibrated import CalibratedSimulation
+from inferplane.sim.calibration import PredictorFeed
 from inferplane.sim.gate import make_gate
 from inferplane.sim.prompts import KeySpace
 from inferplane.sim.records import CallRecord, Outcome
@@ -140,11 +142,16 @@ def simulate_trace(
     block_tokens: int = 64,
     drain_s: float = 600.0,
     seed: int = 0,
+    calibrated: bool = False,
 ) -> tuple[list[CallResult], Simulation]:
     """Replay the trace in the simulator wired like the live gateway (module docstring).
 
     The calls belong to the tenant an anonymous gateway gives its callers (tenant quotas
-    apply alike), and are never retried (the live client does not retry either).
+    apply alike), and are never retried (the live client does not retry either). With
+    ``calibrated`` the run is a :class:`CalibratedSimulation` (what ``inferplane simulate``
+    runs): the router's predictor is fed every call's dispatch, first token and finish, as
+    the gateway feeds its own, starting from the same time-scaled priors; without it the
+    predictor keeps its priors all run.
     """
     records = list(read_trace(trace_path, "mooncake_jsonl"))
     last_s = records[-1].time_s if records else 0.0
@@ -164,13 +171,17 @@ def simulate_trace(
             "clients": {"timeout_s": drain_s, "max_retries": 0},
         }
     ).model_copy(update={"admission": fleet.admission})  # fmt: skip
-    sim = Simulation(scenario, fleet, trace_path.parent, "inferplane", seed=seed)
+    cls = CalibratedSimulation if calibrated else Simulation
+    sim = cls(scenario, fleet, trace_path.parent, "inferplane", seed=seed)
     for ep in sim.fleet.endpoints:  # the emulated engines' clock: live seconds
         emulated = ep.config.emulated
         ep.engine.time_scale = 1.0 if emulated is None else emulated.time_scale
     assert sim.kv is not None
     sim.policy = wired_like_gateway(fleet, sim.kv.index)
     sim.gate = make_gate("inferplane", fleet.admission, sim.policy.predictor)
+    if isinstance(sim, CalibratedSimulation):  # feed the wired predictor (its priors kept)
+        block = fleet.routing.block_size  # the gateway's on_dispatch counts in these
+        sim.feed = PredictorFeed(sim.policy.predictor, sim.kv.index, block)
     result = sim.run()
     return [_from_record(i, r) for i, r in enumerate(result.records)], sim
 
