@@ -221,6 +221,8 @@ async def run_arm(arm: str, replicas: int, args: argparse.Namespace) -> dict[str
     result = summarise(arm, driver, series, elapsed, decisions, args)
     start = ctl.history[0]["t"] - args.tick_s if ctl is not None and ctl.history else 0.0
     result["decision_history"] = [{**h, "t": round(h["t"] - start, 1)} for h in history]
+    if arm.startswith("queue-hpa"):
+        result["rule_samples"] = hpa.samples
     return result
 
 

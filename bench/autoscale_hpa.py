@@ -35,17 +35,36 @@ class QueueHpa:
         self.rule = QueueRule()
         self.history: deque[tuple[float, int]] = deque()
         self.decisions: list[dict[str, object]] = []
+        self.samples: list[dict[str, float]] = []  # every tick: what the rule saw
         self._task: asyncio.Task[None] | None = None
+        self._t0 = 0.0
 
     def waiting_calls(self) -> int:
-        views = self.gateway.tracker.views(self.gateway.clock())
-        engines = sum(v.load.num_waiting for v in views if v.serves(self.policy.pool))
-        return engines + sum(self.gateway.gate.depth().values())
+        """The rule's input: waiting calls at the engines plus those queued at the gate."""
+        return int(self.observe()["waiting"])
+
+    def observe(self) -> dict[str, float]:
+        """What the pool looks like now: the engines' scraped waiting and running calls,
+        the gate's queue, and the calls the gateway has in flight at the engines."""
+        views = [
+            v
+            for v in self.gateway.tracker.views(self.gateway.clock())
+            if v.serves(self.policy.pool)
+        ]
+        engines = sum(v.load.num_waiting for v in views)
+        gate = sum(self.gateway.gate.depth().values())
+        return {
+            "waiting": engines + gate, "engine_waiting": engines, "gate": gate,
+            "engine_running": sum(v.load.num_running for v in views),
+            "in_flight": sum(v.in_flight for v in views),
+        }  # fmt: skip
 
     async def tick(self) -> None:
         gpu = self.policy.options[0].gpu
         now = self.gateway.clock()
-        waiting = self.waiting_calls()
+        seen = self.observe()
+        waiting = int(seen["waiting"])
+        self.samples.append({"t": round(now - self._t0, 1), **seen})
         want = self.rule.desired(self.policy, waiting, now, self.history)
         have = len(self.fleet.running(self.policy.pool, gpu))
         action = ScaleAction.UP if want > have else ScaleAction.DOWN if want < have else None
@@ -55,7 +74,8 @@ class QueueHpa:
             pool=self.policy.pool, action=action, desired={gpu: want}, current={gpu: have},
             demand_tokens_per_s=0.0, need_tokens_per_s=0.0, reason=f"{waiting} waiting calls",
         )  # fmt: skip
-        self.decisions.append({"t": round(now, 1), "desired": want, "reason": decision.reason})
+        t = round(now - self._t0, 1)
+        self.decisions.append({"t": t, "desired": want, "reason": decision.reason})
         await self.fleet.apply(decision)
 
     async def _loop(self) -> None:
@@ -65,6 +85,7 @@ class QueueHpa:
             await asyncio.sleep(self.tick_s)
 
     def start(self) -> None:
+        self._t0 = self.gateway.clock()
         self._task = asyncio.create_task(self._loop())
 
     async def stop(self) -> None:
