@@ -77,7 +77,7 @@ class Outcome:
     failure: FailureKind | None = None
     ttft_s: float | None = None
     predicted_ttft_s: float | None = None
-    tbt_s: float | None = None  # mean time between tokens of the attempt
+    tbt_s: float | None = None  # time between tokens of the attempt (stalls trimmed)
     predicted_tbt_s: float | None = None
 
 

@@ -52,6 +52,7 @@ class EventFilter:
         "ex",
         "seg_chunks",
         "seg_first_s",
+        "seg_gaps_s",
         "seg_last_s",
         "seg_start_s",
         "stitcher",
@@ -81,13 +82,22 @@ class EventFilter:
         self.seg_first_s: float | None = None
         self.seg_last_s: float | None = None
         self.seg_chunks = 0
+        self.seg_gaps_s: list[float] = []
 
     def seg_tbt_s(self) -> float | None:
-        """Mean time between the current segment's token chunks."""
-        first, last = self.seg_first_s, self.seg_last_s
-        if first is None or last is None or self.seg_chunks < 2 or last <= first:
+        """Time between the current segment's token chunks, robust to stalls.
+
+        The mean of the gaps with the largest tenth left out: a healthy engine that stalls
+        a stream once (a preemption, a long prefill batched in) keeps its pace, while an
+        engine that is slow on every token still reads slow. Streams of fewer than ten gaps
+        are averaged whole.
+        """
+        gaps = self.seg_gaps_s
+        if not gaps:
             return None
-        return (last - first) / (self.seg_chunks - 1)
+        kept = sorted(gaps)[: len(gaps) - len(gaps) // 10]
+        total_s = sum(kept)
+        return total_s / len(kept) if total_s > 0 else None
 
     def feed(self, data: bytes, *, stitch: bool = True) -> bytes:
         """Complete events ready to forward (without [DONE], which sets ``done``)."""
@@ -164,6 +174,9 @@ class EventFilter:
     def _tick(self, now: float) -> None:
         ex = self.ex
         if self.seg_first_s is not None:
+            last = self.seg_last_s
+            if last is not None and len(self.seg_gaps_s) < 4096:
+                self.seg_gaps_s.append(now - last)
             self.seg_last_s = now
             self.seg_chunks += 1
         if ex.first_token_s is not None and ex.last_chunk_s is not None:
