@@ -15,8 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inferplane.core.autoscale_reserve import BurstReserve, burst_ratio
+from inferplane.core.autoscale_reserve import BurstReserve, burst_ratio, slow_baseline
 from inferplane.core.autoscaler import Autoscaler, PoolPolicy, ScaleAction, ScaleDecision
+from inferplane.core.forecast import HoltForecast
 
 from .autoscale_loop import TICK_S, TOKENS_PER_CALL, ClosedLoop, h100, poisson, pool_policy
 
@@ -231,3 +232,25 @@ def test_a_burst_does_not_inflate_the_demand_the_reserve_multiplies() -> None:
         assert d.need_tokens_per_s <= max(p.need_tokens_per_s, 5.0 * 2.0 * steady) + 1.0, d
     # Before the burst the reserve was warm for it (5x at full utilisation).
     assert tuned[29].desired_total * H100.tokens_per_s >= 5.0 * steady
+
+
+def test_idle_windows_before_the_first_call_leave_the_slow_baseline_unset() -> None:
+    idle = slow_baseline(
+        HoltForecast(), tokens=0.0, requests=0, window_s=5.0, now_s=5.0, time_constant_s=60.0
+    )
+    assert idle.at_s is None
+    first = slow_baseline(
+        idle, tokens=10_000.0, requests=10, window_s=5.0, now_s=10.0, time_constant_s=60.0
+    )
+    assert math.isclose(first.level, 2000.0)  # the first calls, as they are: not clipped from 0
+
+
+def test_a_loop_started_before_its_traffic_sizes_the_reserve_from_the_demand_now() -> None:
+    # Two idle windows (the loop started before the load), then 3 calls/s: burst_prior_now 5
+    # keeps warm capacity for 5x the demand within a minute (the reserve holds at most one
+    # replica over the need), not for 5x a baseline that creeps up from 0.
+    rates = [0.0] * 2 + [3.0] * 14
+    tuned = _loop(_policy(burst_prior_now=5.0), seed=0).run(rates, exact=True)
+    plain = _loop(_policy(burst_max_factor=1.0), seed=0).run(rates, exact=True)
+    assert tuned[-1].desired_total == plain[-1].desired_total + 1
+    assert tuned[-1].need_tokens_per_s >= 5.0 * 3.0 * TOKENS_PER_CALL * 0.9
