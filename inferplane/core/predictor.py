@@ -156,6 +156,9 @@ class LatencyPredictor:
         # Predictions since the last change of state; the view is kept with its estimate,
         # so its id cannot be reused by another view while the entry lives.
         self._memo: dict[_MemoKey, tuple[EndpointView, LatencyEstimate]] = {}
+        # The calibration factors' values at one ``now`` (``_factors``), until one learns.
+        self._factors_now = math.nan
+        self._factors_at: dict[str, tuple[float, float]] = {}
 
     # -- priors and factors ---------------------------------------------------------------
 
@@ -215,32 +218,55 @@ class LatencyPredictor:
     def _predict(
         self, view: EndpointView, model: str, num_uncached_tokens: int, now: float
     ) -> LatencyEstimate:
+        # ``prior``, ``queued_tokens``, ``_prefill_ahead_s``, ``slot_steps`` and the two
+        # factors inlined, each expression as there (the same floats): this runs for every
+        # candidate of every routing call and for admission's pool.
         prior = self.prior(view, model)
-        load = view.load
-        outstanding = max(load.num_running + load.num_waiting, view.in_flight)
-        batch = min(outstanding, prior.max_num_seqs) + 1
+        name, load = view.info.name, view.load
+        num_seqs, rate = prior.max_num_seqs, prior.prefill_tokens_per_s
+        num_running, num_waiting = load.num_running, load.num_waiting
+        outstanding = max(num_running + num_waiting, view.in_flight)
+        batch = min(outstanding, num_seqs) + 1
         kv = min(1.0, max(0.0, load.kv_usage))
         raw_tpot = (
             prior.decode_base_s + prior.decode_per_seq_s * batch + prior.decode_full_kv_s * kv
         )
-        own_s = max(0, num_uncached_tokens) / prior.prefill_tokens_per_s
-        ahead_s, interference_s = self._prefill_ahead_s(view, prior, num_uncached_tokens)
-        # No free sequence slot (or the engine already queues): wait for calls to finish.
-        excess = max(
-            outstanding + 1 - prior.max_num_seqs, load.num_waiting + 1 if load.num_waiting else 0
+        own_tokens = max(0, num_uncached_tokens)
+        own_s = own_tokens / rate
+        # queued prefill ahead and decode interference (``_prefill_ahead_s``)
+        ahead_tokens = max(
+            float(self._queued_tokens.get(name, 0)), num_waiting * self._mean_uncached
         )
-        slot_wait_s = excess * self.slot_steps(prior) * raw_tpot / prior.max_num_seqs
+        started = view.in_flight - self._queued_calls.get(name, 0)
+        running = min(max(num_running, started), num_seqs)
+        share = running / max(1.0, prior.chunk_tokens - running)
+        chunks = math.ceil((ahead_tokens + own_tokens) / prior.chunk_tokens)
+        work_s = (ahead_tokens + own_tokens) / rate
+        interference_s = work_s * share + chunks * running * prior.decode_per_seq_s
+        ahead_s = ahead_tokens / rate
+        # No free sequence slot (or the engine already queues): wait for calls to finish.
+        excess = max(outstanding + 1 - num_seqs, num_waiting + 1 if num_waiting else 0)
+        slot_wait_s = excess * self.slot_steps(prior) * raw_tpot / num_seqs
         raw_wait = ahead_s + interference_s + slot_wait_s + raw_tpot  # + the first step itself
-        f_ttft = self.ttft_factor(view.name, now)
+        f_ttft, f_tpot = self._factors(name, now)
         wait_s, prefill_s = raw_wait * f_ttft, own_s * f_ttft
         return LatencyEstimate(
-            wait_s + prefill_s,
-            raw_tpot * self.tpot_factor(view.name, now),
-            wait_s,
-            prefill_s,
-            raw_wait + own_s,
-            raw_tpot,
+            wait_s + prefill_s, raw_tpot * f_tpot, wait_s, prefill_s, raw_wait + own_s, raw_tpot
         )
+
+    def _factors(self, endpoint: str, now: float) -> tuple[float, float]:
+        """(TTFT factor, TPOT factor) of ``endpoint`` at ``now``, kept for that ``now``
+        until a factor learns (routing asks for one candidate up to four times)."""
+        if now != self._factors_now:
+            self._factors_at.clear()
+            self._factors_now = now
+        found = self._factors_at.get(endpoint)
+        if found is None:
+            found = self._factors_at[endpoint] = (
+                self.ttft_factor(endpoint, now),
+                self.tpot_factor(endpoint, now),
+            )
+        return found
 
     def slot_steps(self, prior: EndpointPrior) -> float:
         """Decode steps a running call holds its batch slot for (module docstring)."""
@@ -268,11 +294,25 @@ class LatencyPredictor:
     def prefill_s(self, view: EndpointView, model: str, num_tokens: int, now: float) -> float:
         """Calibrated time to prefill ``num_tokens`` on an idle endpoint (what a cache saves)."""
         rate = self.prior(view, model).prefill_tokens_per_s
-        return max(0, num_tokens) / rate * self.ttft_factor(view.name, now)
+        return max(0, num_tokens) / rate * self._factors(view.info.name, now)[0]
 
     def throughput_tokens_per_s(self, view: EndpointView, model: str, now: float) -> float:
         """Output tokens/s at saturation, scaled by the observed decode speed."""
-        return self.prior(view, model).throughput_tokens_per_s / self.tpot_factor(view.name, now)
+        tpot_factor = self._factors(view.info.name, now)[1]
+        return self.prior(view, model).throughput_tokens_per_s / tpot_factor
+
+    def idle_terms(
+        self, view: EndpointView, model: str, probe_tokens: int, now: float
+    ) -> tuple[EndpointPrior, float, float, float]:
+        """``(prior, prefill_s(probe_tokens), throughput_tokens_per_s, TTFT of an empty
+        prompt)``, the same floats as those methods and ``predict(view, model, 0, now)``
+        give, over one prior lookup (admission's pool capacity asks all four per endpoint).
+        """
+        prior = self.prior(view, model)
+        f_ttft, f_tpot = self._factors(view.info.name, now)
+        prefill_s = max(0, probe_tokens) / prior.prefill_tokens_per_s * f_ttft
+        throughput = prior.throughput_tokens_per_s / f_tpot
+        return prior, prefill_s, throughput, self._predict(view, model, 0, now).ttft_s
 
     # -- observations ---------------------------------------------------------------------
 
@@ -303,6 +343,7 @@ class LatencyPredictor:
         pending.first_token_s = now
         if pending.raw_ttft_s > 0:
             ratio = ttft_s / pending.raw_ttft_s
+            self._factors_at.clear()
             self._ttft.setdefault(pending.endpoint, _Factor()).update(ratio, now, self.config)
 
     def on_finish(self, request_id: str, now: float, tpot_s: float | None = None) -> None:
@@ -315,6 +356,7 @@ class LatencyPredictor:
         self._learn_decode_steps(pending, now)
         if tpot_s is not None and pending.raw_tpot_s > 0:
             ratio = tpot_s / pending.raw_tpot_s
+            self._factors_at.clear()
             self._tpot.setdefault(pending.endpoint, _Factor()).update(ratio, now, self.config)
 
     def _learn_decode_steps(self, pending: _Pending, now: float) -> None:

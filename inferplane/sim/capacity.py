@@ -39,6 +39,7 @@ from inferplane.core.capacity import (
     free_slots,
     pool_capacity,
 )
+from inferplane.core.predictor import LatencyPredictor
 from inferplane.core.types import EndpointView, PriorityClass
 from inferplane.sim.views import ViewBook
 
@@ -84,6 +85,7 @@ class CapacityBook:
         self._configs: dict[int, AdmissionConfig] = {}  # keeps the keyed configs alive
         self._dirty: dict[tuple[int, str], set[int]] = {}
         self._class_limits: dict[int, dict[PriorityClass, tuple[float, float]]] = {}
+        self._terms = predictor.idle_terms if isinstance(predictor, LatencyPredictor) else None
         book.on_patch.append(self._mark)
         book.on_rebuild.append(self._reset)
 
@@ -164,16 +166,23 @@ class CapacityBook:
         sums.num_accepting += 1
         # endpoint_saturation and free_slots per class, over one prior lookup (the core's
         # arithmetic, in its order; tests/sim/test_speed.py holds the sums to the core's)
-        load, num_seqs = view.load, pred.prior(view, model).max_num_seqs
+        load = view.load
+        if self._terms is not None:  # one prior lookup, the same floats
+            prior, probe_s, out, rank = self._terms(view, model, _PROBE_TOKENS, now)
+            num_seqs = prior.max_num_seqs
+        else:
+            num_seqs = pred.prior(view, model).max_num_seqs
+            probe_s = pred.prefill_s(view, model, _PROBE_TOKENS, now)
+            out = pred.throughput_tokens_per_s(view, model, now)
+            rank = pred.predict(view, model, 0, now).ttft_s
         outstanding = max(load.num_running + load.num_waiting, view.in_flight)
         waiting = max(load.num_waiting, outstanding - num_seqs)
         sat = max(waiting / cfg.queue_threshold, load.kv_usage / cfg.kv_threshold)
         sums.sat[pos] = sat
         sums.sat_sum += sat
-        probe_s = max(1e-9, pred.prefill_s(view, model, _PROBE_TOKENS, now))
-        rate = sums.rate[pos] = _PROBE_TOKENS / probe_s
+        rate = sums.rate[pos] = _PROBE_TOKENS / max(1e-9, probe_s)
         sums.rate_sum += rate
-        out = sums.out[pos] = pred.throughput_tokens_per_s(view, model, now)
+        sums.out[pos] = out
         sums.out_sum += out
         allowance, kv = cfg.engine_queue_allowance, load.kv_usage
         free_by, free_sum = sums.free, sums.free_sum
@@ -185,7 +194,7 @@ class CapacityBook:
                 free = slots - outstanding if slots > outstanding else 0
             free_by[c][pos] = free
             free_sum[c] += free
-        rank = sums.rank[pos] = pred.predict(view, model, 0, now).ttft_s
+        sums.rank[pos] = rank
         bisect.insort(sums.order, (rank, pos))
 
     def _limits(self, cfg: AdmissionConfig) -> dict[PriorityClass, tuple[float, float]]:
