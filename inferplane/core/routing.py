@@ -29,7 +29,7 @@ import math
 import random
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Protocol, cast
 
 from inferplane.core.filters import apply_filters, prefer_meeting_budget, prefer_warm
 from inferplane.core.predictor import LatencyEstimate, LatencyPredictor
@@ -75,9 +75,12 @@ class PrefixMatcher(Protocol):
     def match(self, keys: Sequence[int], endpoints: Iterable[str]) -> dict[str, int]: ...
 
 
-@runtime_checkable
 class ClaimSource(Protocol):
-    """A prefix index that also knows the KV its endpoints' recent sessions claim."""
+    """A prefix index that also knows the KV its endpoints' recent sessions claim.
+
+    Checked structurally (``hasattr(index, "kv_claims")``), not ``@runtime_checkable``: a
+    runtime-checkable Protocol keeps mypyc from compiling this module (``make compiled``).
+    """
 
     def kv_claims(self, endpoints: Iterable[str], now: float) -> dict[str, float]: ...
 
@@ -237,9 +240,9 @@ def _claim_costs(
     keys = call.prompt_block_keys
     if call.workflow_id is None or affinity_endpoint is not None or not keys:
         return {}
-    if not isinstance(prefix_index, ClaimSource):
+    if prefix_index is None or not hasattr(prefix_index, "kv_claims"):
         return {}
-    claims = prefix_index.kv_claims(cached, now)
+    claims = cast(ClaimSource, prefix_index).kv_claims(cached, now)
     weight, size, num_blocks = cfg.claim_uncached_weight, cfg.block_size, len(keys)
     return {
         name: claims.get(name, 0.0) + weight * max(0, num_blocks - tokens // size)
