@@ -95,8 +95,7 @@ class Driver:
         self._start = loop.time()
         pending: set[asyncio.Task[None]] = set()
         peak = 1.6 * 5.0 * self.args.tasks_per_s
-        timeout = aiohttp.ClientTimeout(total=self.args.slo_e2e_s * 4)
-        async with aiohttp.ClientSession(timeout=timeout) as session:
+        async with client_session(self.args.slo_e2e_s * 4) as session:
             while (t := loop.time() - self._start) < self.args.duration_s:
                 await asyncio.sleep(self.rng.expovariate(peak))  # thinning of a Poisson process
                 if self.rng.random() * peak <= self.args.tasks_per_s * rate_factor(t, self.args):
@@ -159,6 +158,15 @@ class Driver:
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             return CallResult(start - self._start, ttft, None, False, work, type(exc).__name__)
         return CallResult(start - self._start, ttft, None, False, work, "stream ended")
+
+
+def client_session(total_s: float) -> aiohttp.ClientSession:
+    """The driver's HTTP client: no cap on open connections. aiohttp's default (100) held
+    every call past the 100th in the client's pool, where neither the gateway nor an engine
+    saw it: the queue-hpa-open arm's engines ran 100 calls with a handful waiting while the
+    rest queued in the driver (agents are independent clients; their calls reach the router)."""
+    connector = aiohttp.TCPConnector(limit=0)
+    return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=total_s), connector=connector)
 
 
 def pool_config(args: argparse.Namespace) -> AutoscaleConfig:
