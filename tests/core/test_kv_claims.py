@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from inferplane.core.kv_claims import KVClaims
 from inferplane.core.prefix_index import IndexSource, PrefixIndex
-from inferplane.core.routing import ClaimSource, route
+from inferplane.core.routing import route
 from inferplane.core.routing_config import RoutingConfig
 from tests.core.routing_helpers import FixedMatcher, call, view
 
@@ -114,7 +114,7 @@ def test_the_prefix_index_claims_what_was_routed_to_each_endpoint() -> None:
     index.add_endpoint("a", IndexSource.PRECISE)
     index.record_route("a", KEYS, 0.0)
     index.record_route("b", KEYS[:40], 0.0)  # approximate: registered on first route
-    assert isinstance(index, ClaimSource)
+    assert callable(getattr(index, "kv_claims", None))  # what routing checks (structural)
     assert index.kv_claims(["a", "b", "c"], 0.0) == {"a": 100.0, "b": 40.0, "c": 0.0}
     index.remove_endpoint("a")
     assert index.kv_claims(["a"], 0.0) == {"a": 0.0}
