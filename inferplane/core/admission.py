@@ -6,7 +6,11 @@ For each call, in order (the first rule that answers decides):
    quota, Retry-After exact from the bucket or the money window;
 2. **no capacity at all** (no endpoint of the pool accepts work): critical calls queue,
    others get 503 with a fixed Retry-After;
-3. **deadline**: predicted TTFT (best endpoint now, plus draining the queued work served
+3. **a new workflow unlikely to finish** (its first call; not critical): refused while
+   (1 - the hazard that a workflow of its class dies per step now) ** its steps to go
+   is under ``workflows.min_finish_share`` (:mod:`inferplane.core.admission_workflow`), so
+   an agent that cannot finish is refused at step 0, not abandoned at step 12;
+4. **deadline**: predicted TTFT (best endpoint now, plus draining the queued work served
    before this call: higher classes and its own class, less the later-keyed share it
    overtakes, ``edf_overtake_share``, 0 by default; a workflow's
    step prefills only what its previous step did not leave cached,
@@ -16,11 +20,11 @@ For each call, in order (the first rule that answers decides):
    a miss is rejected at once (critical calls queue anyway unless
    ``reject_critical_on_deadline``, and every class leaves the queue once it can no
    longer make it);
-4. **shedding by capacity**: the pool's saturation as seen by the class (llm-d's engine
+5. **shedding by capacity**: the pool's saturation as seen by the class (llm-d's engine
    saturation plus the gateway queue ahead, :mod:`inferplane.core.capacity`) against the
    class's threshold (sheddable first, critical never), raised with a workflow's progress
    and lowered for a new one, so new tasks are refused before old ones are killed;
-5. **admit** when nothing of its class or above waits and an endpoint has a free slot
+6. **admit** when nothing of its class or above waits and an endpoint has a free slot
    for its class (lower classes leave a share of slots and KV free and are held while
    the best endpoint's predicted wait or TPOT is over their cap, only while a higher
    class has demand: ``AdmissionConfig.headroom``, :mod:`inferplane.core.headroom`), else
@@ -44,6 +48,7 @@ from inferplane.core.admission_config import AdmissionConfig, AdmissionMode
 from inferplane.core.admission_deadline import deadline_miss, overtaken, queued_miss
 from inferplane.core.admission_decisions import AdmissionDecision, Admit, Enqueue, Reject
 from inferplane.core.admission_stats import AdmissionSnapshot, AdmissionStats
+from inferplane.core.admission_workflow import WorkflowGate
 from inferplane.core.capacity import (
     AdmissionPredictor,
     DispatchBudget,
@@ -87,6 +92,7 @@ class Admission:
         self.queue = RequestQueue(self.config.queue)
         self.quotas = QuotaBook(self.config.quotas)
         self.workflows = WorkflowLedger(self.config.workflows)
+        self.gate = WorkflowGate(self.config.workflows)
         self.reuse = ConversationReuse(self.config.workflows.max_workflows)
         self.stats = AdmissionStats()
         self.headroom = HeadroomDemand(self.config.headroom)
@@ -124,6 +130,10 @@ class Admission:
         )
         decoding = self._decode_held(call.priority, call.model, pool, now)
         decision = self._decide(call, cap, now, size_bytes, decoding, uncached, pool)
+        if not isinstance(decision, Reject):
+            self.gate.opened(call, now)
+        if not isinstance(decision, Enqueue):  # queued: decided when it leaves the queue
+            self.gate.decided(call, isinstance(decision, Reject), now)
         if isinstance(decision, Reject):
             self.quotas.release(call.request_id, now, num_tokens=0)
         else:
@@ -188,6 +198,10 @@ class Admission:
         first = overtaken(ahead, due_first, cfg.edf_overtake_share)
         ttft_s = cap.best.ttft_s + (cap.drain_s(first) if first.num_calls else 0.0)
         drain_s = cap.best.wait_s + cap.drain_s(first)
+        if standing is not None and standing.is_new:  # task-aware: will it finish?
+            why = self.gate.refusal(call, self.workflows.mean_steps(), now)
+            if why is not None:
+                return Reject("workflow_unlikely_to_finish", why, self._ra(drain_s), 429, sat)
         n_out, slack = self._num_output(call), cfg.deadline_slack
         miss = deadline_miss(call, cap.best, ttft_s, now, n_out, slack)
         if miss and pool and cfg.queued_deadline_test:  # wait in the gateway queue instead
@@ -329,6 +343,7 @@ class Admission:
         """An admitted or dispatched call ended: settle quotas, workflow ledger, service."""
         self.quotas.release(call.request_id, now, num_tokens=num_tokens, cost_usd=cost_usd)
         if call.workflow_id is not None:
+            self.gate.closed(call, now)
             self.workflows.on_finish(
                 call.workflow_id, now, num_tokens=num_tokens, cost_usd=cost_usd, success=success
             )
@@ -350,6 +365,8 @@ class Admission:
         """Count exits; calls that left without service give back their quota and step."""
         for out in exits:
             self.stats.on_exit(out)
+            if out.kind is not ExitKind.CANCELLED:
+                self.gate.decided(out.item.call, out.kind is not ExitKind.DISPATCHED, now)
             if out.kind is ExitKind.DISPATCHED:
                 self.workflows.on_dispatch(out.item.call, now)
             else:

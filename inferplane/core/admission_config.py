@@ -118,6 +118,19 @@ class WorkflowConfig(_Frozen):
     service_scale_tokens: float = Field(default=200_000.0, gt=0)
     #: Retries of a step that keep the workflow's protection; beyond, it is a plain call.
     retry_allowance: int = Field(default=3, ge=0)
+    #: Task-aware admission (:mod:`inferplane.core.admission_workflow`): a new workflow
+    #: (not critical) is refused at its first call while its odds of finishing, (1 - the
+    #: hazard that a workflow of its class dies per step now) ** its steps to go, are
+    #: under ``min_finish_share``.
+    finish_gate: bool = True
+    min_finish_share: float = Field(default=0.5, ge=0, le=1)
+    #: A workflow silent this long with steps to go has died (its clients retry a refused
+    #: call and send the next step within a few seconds).
+    abandon_after_s: float = Field(default=10.0, gt=0)
+    #: Deaths and steps served count less with age (they halve every this)...
+    step_outcome_half_life_s: float = Field(default=30.0, gt=0)
+    #: ...plus this many steps served (a few early deaths do not close the gate).
+    step_prior_calls: float = Field(default=20.0, ge=0)
 
 
 class HeadroomConfig(_Frozen):

@@ -79,6 +79,21 @@ class WorkflowLedger:
     def __init__(self, config: WorkflowConfig | None = None) -> None:
         self.config = config or WorkflowConfig()
         self._wfs: OrderedDict[str, _Workflow] = OrderedDict()  # least recently seen first
+        self._lengths = (0.0, 0)  # sum and count of the steps of workflows seen end
+
+    def mean_steps(self) -> float | None:
+        """Mean steps of the workflows seen end or expire (None: none yet)."""
+        total, count = self._lengths
+        return total / count if count else None
+
+    def _forget(self, workflow_id: str) -> bool:
+        wf = self._wfs.pop(workflow_id, None)
+        if wf is None:
+            return False
+        if wf.max_step > 0:
+            total, count = self._lengths
+            self._lengths = (total + wf.max_step, count + 1)
+        return True
 
     def __len__(self) -> int:
         return len(self._wfs)
@@ -174,7 +189,7 @@ class WorkflowLedger:
 
     def end(self, workflow_id: str) -> bool:
         """The client reported the task's outcome: forget it."""
-        return self._wfs.pop(workflow_id, None) is not None
+        return self._forget(workflow_id)
 
     def expire(self, now: float) -> list[str]:
         """Forget workflows idle (nothing in flight) for longer than the TTL."""
@@ -183,7 +198,7 @@ class WorkflowLedger:
             if now - wf.last_seen_s < self.config.idle_ttl_s:
                 break
             if wf.in_flight == 0:
-                del self._wfs[wid]
+                self._forget(wid)
                 gone.append(wid)
         return gone
 
