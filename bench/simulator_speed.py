@@ -19,6 +19,18 @@ admission, KV events into the prefix index), once per mode, each run in a fresh 
 ``--baseline-mode`` (``exact`` by default; ``fast`` compares two trees' fast modes over the
 fast runs' stretch); its scenario has no ``speed`` section when that tree does not know one.
 
+``--compiled DIR`` adds a row per fleet size run on a copy of this tree at DIR with the
+simulator's hot path compiled by mypyc (``SIM_MODULES``: the policy core, the engine model,
+the simulator's non-mixin modules; built there first with ``--build-compiled``, from a
+commit's ``git archive`` as ``bench/gateway_compile.py`` builds the gateway's). Compiled
+modules shadow their sources; the records must not change (each row carries the sha256 of
+its records, samples and counters: compare them).
+
+``--paired N`` measures the way load on a shared machine least distorts: the plain fast run
+and the other side (``--compiled``, else ``--baseline-src`` in ``--baseline-mode``) at the
+same time, one per core (``taskset`` when present), N rounds with the cores swapped each
+round; the ratio per round of CPU ms per call is the figure.
+
 Printed, and written to bench/results/simulator-speed.json: calls, wall and CPU seconds,
 calls and events per wall second, CPU ms per call, engine wakes, syncs, peak RSS, and the
 wall minutes one simulated hour would take at the row's pace (``60 * wall_s / sim_s``: a
@@ -31,9 +43,11 @@ compare rows of one run. Run:
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import time
@@ -43,6 +57,28 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "simulator-speed.json"
 EXACT = {"sync_s": 0, "route_candidates": 0}
+#: What ``--build-compiled`` compiles (mypyc builds each; the simulator's mixin classes
+#: ``runner``, ``sync``, ``upkeep``, ``calibrated``, ``autoscale`` and the pydantic config
+#: modules stay interpreted).
+SIM_MODULES = (
+    *(f"core/{m}" for m in (
+        "predictor", "filters", "capacity", "headroom", "admission", "admission_stats",
+        "admission_deadline", "admission_decisions", "quotas", "breaker", "breaker_types",
+        "latency_outliers", "throttle", "accounting", "accounting_types", "spend_meter",
+        "candidates", "scoring_context", "scorers", "affinity", "retry", "queueing",
+        "queue_items", "cache", "prompt_reuse", "kv_claims", "slowstart", "resumption",
+        "workflows", "workflow_sync", "types", "prefix_blocks", "prefix_entries",
+        "prefix_index", "kv_events", "routing",
+    )),
+    *(f"engine/{m}" for m in (
+        "model", "scheduler", "kvcache", "perf", "decode_leap", "generation", "sequence",
+        "types",
+    )),
+    *(f"sim/{m}" for m in (
+        "capacity", "views", "fleet", "kvfeed", "events", "ledger", "prompts", "workload",
+        "records", "gate", "calibration", "baselines", "peer_routers", "sources",
+    )),
+)  # fmt: skip
 
 
 def fleet_config(num_engines: int) -> Any:
@@ -95,6 +131,7 @@ def run_once(sim_seconds: float, num_engines: int, speed: dict[str, Any] | None)
     wall_s = time.perf_counter() - start
     cpu_s = time.process_time() - cpu_start
     calls = len(result.records)
+    digest = hashlib.sha256(repr((result.records, result.samples, result.counters)).encode())
     ttfts = sorted(r.ttft_s for r in result.records if r.ttft_s is not None)
     return {
         "engines": num_engines,
@@ -111,26 +148,69 @@ def run_once(sim_seconds: float, num_engines: int, speed: dict[str, Any] | None)
         "syncs": result.counters.get("syncs"),
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "wall_min_per_sim_hour": 60 * wall_s / max(1e-9, result.end_s),
+        "records_sha256_16": digest.hexdigest()[:16],
     }
+
+
+def _command(src: Path, sim_seconds: float, engines: int, mode: str, cpu: int | None) -> Any:
+    cmd = [sys.executable, __file__, "--one", str(sim_seconds), "--engines", str(engines),
+           "--mode", mode]  # fmt: skip
+    if cpu is not None and shutil.which("taskset"):
+        cmd = ["taskset", "-c", str(cpu), *cmd]
+    env = {**os.environ, "PYTHONPATH": str(src), "PYTHONHASHSEED": "0"}
+    return subprocess.Popen(cmd, env=env, cwd=src, stdout=subprocess.PIPE, text=True)
+
+
+def _row(proc: Any, label: str) -> dict[str, Any]:
+    out, _ = proc.communicate()
+    if proc.returncode:
+        raise SystemExit(f"{label}: exit {proc.returncode}")
+    row: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    row["mode"] = label
+    return row
+
+
+def _label(src: Path, mode: str) -> str:
+    return mode if src == ROOT else f"baseline {mode} ({src.name})"
 
 
 def subprocess_row(src: Path, sim_seconds: float, engines: int, mode: str) -> dict[str, Any]:
     """``run_once`` with ``src``'s inferplane in a fresh interpreter."""
-    env = {**os.environ, "PYTHONPATH": str(src), "PYTHONHASHSEED": "0"}
-    out = subprocess.run(
-        [sys.executable, __file__, "--one", str(sim_seconds), "--engines", str(engines),
-         "--mode", mode],
-        env=env, cwd=src, check=True, capture_output=True, text=True,
-    )  # fmt: skip
-    row: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
-    row["mode"] = mode if src == ROOT else f"baseline {mode} ({src.name})"
-    return row
+    return _row(_command(src, sim_seconds, engines, mode, None), _label(src, mode))
+
+
+def paired_rows(
+    other: Path, label: str, mode: str, sim_seconds: float, engines: int, rounds: int
+) -> list[dict[str, Any]]:
+    """This tree's fast run and ``other``'s at once, one per core, cores swapped per round."""
+    rows = []
+    for r in range(rounds):
+        cpus = (0, 1) if r % 2 == 0 else (1, 0)
+        mine = _command(ROOT, sim_seconds, engines, "fast", cpus[0])
+        theirs = _command(other, sim_seconds, engines, mode, cpus[1])
+        pair = [_row(mine, "fast"), _row(theirs, label)]
+        for row in pair:
+            row["round"] = r + 1
+        ratio = pair[1]["cpu_ms_per_call"] / pair[0]["cpu_ms_per_call"]
+        print(f"round {r + 1}: {label} / fast CPU ms per call {ratio:.3f}", flush=True)
+        rows += pair
+    return rows
+
+
+def build_compiled(out: Path, commit: str) -> None:
+    """A copy of ``commit`` at ``out`` with ``SIM_MODULES`` compiled by mypyc."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from gateway_compile import compile_modules, export  # bench/gateway_compile.py
+
+    export(commit, out)
+    took_s = compile_modules(out, list(SIM_MODULES))
+    print(f"compiled {len(SIM_MODULES)} modules in {took_s:.0f} s into {out}", flush=True)
 
 
 def _table(rows: list[dict[str, Any]]) -> None:
     head = ("engines", "mode", "sim s", "calls", "wall s", "calls / wall s", "events / wall s",
             "CPU ms / call", "syncs", "peak RSS MiB", "ok", "TTFT p50 s",
-            "wall min / sim h")  # fmt: skip
+            "wall min / sim h", "records sha256")  # fmt: skip
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for r in rows:
@@ -141,7 +221,8 @@ def _table(rows: list[dict[str, Any]]) -> None:
             f"| {r['engines']} | {r['mode']} | {r['sim_s']:.0f} | {r['calls']} | "
             f"{r['wall_s']:.1f} | {r['calls_per_wall_s']:.0f} | {r['events_per_wall_s']:.0f} | "
             f"{r['cpu_ms_per_call']:.3f} | {r['syncs']} | {r['peak_rss_mib']:.0f} | "
-            f"{r['calls_succeeded']}/{r['calls']} | {ttft} | {hour} |"
+            f"{r['calls_succeeded']}/{r['calls']} | {ttft} | {hour} | "
+            f"{r.get('records_sha256_16', '-')} |"
         )
 
 
@@ -152,6 +233,9 @@ def main() -> int:
     parser.add_argument("--exact-seconds", type=float, default=5.0, help="exact and baseline")
     parser.add_argument("--baseline-src", type=Path, help="another checkout to compare with")
     parser.add_argument("--baseline-mode", choices=("fast", "exact"), default="exact")
+    parser.add_argument("--compiled", type=Path, help="a mypyc-compiled copy to compare with")
+    parser.add_argument("--build-compiled", metavar="COMMIT", help="build --compiled first")
+    parser.add_argument("--paired", type=int, default=0, help="rounds of paired runs")
     parser.add_argument("--no-exact", action="store_true", help="skip the exact rows")
     parser.add_argument("--mode", choices=("fast", "exact"), default="fast")
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -162,8 +246,15 @@ def main() -> int:
         speed = EXACT if args.mode == "exact" else None
         print(json.dumps(run_once(args.one, sizes[0], speed)))
         return 0
+    if args.build_compiled:
+        if args.compiled is None:
+            raise SystemExit("--build-compiled needs --compiled DIR")
+        build_compiled(args.compiled.resolve(), args.build_compiled)
     rows = []
     for n in sizes:
+        if args.paired > 0:
+            rows += _paired(args, n)
+            continue
         rows.append(subprocess_row(ROOT, args.sim_seconds, n, "fast"))
         if args.exact_seconds > 0:
             if not args.no_exact:
@@ -174,6 +265,10 @@ def main() -> int:
             mode = args.baseline_mode
             span = args.exact_seconds if mode == "exact" else args.sim_seconds
             rows.append(subprocess_row(args.baseline_src.resolve(), span, n, mode))
+        if args.compiled is not None:
+            row = _row(_command(args.compiled.resolve(), args.sim_seconds, n, "fast", None), "")
+            row["mode"] = "compiled fast"
+            rows.append(row)
         print(json.dumps(rows[-1]), flush=True)
     _table(rows)
     load = os.getloadavg()[0]
@@ -182,6 +277,17 @@ def main() -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(document, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     return 0
+
+
+def _paired(args: argparse.Namespace, engines: int) -> list[dict[str, Any]]:
+    if args.compiled is not None:
+        other, label, mode = args.compiled.resolve(), "compiled fast", "fast"
+    elif args.baseline_src is not None:
+        other, mode = args.baseline_src.resolve(), args.baseline_mode
+        label = _label(other, mode)
+    else:
+        raise SystemExit("--paired needs --compiled or --baseline-src")
+    return paired_rows(other, label, mode, args.sim_seconds, engines, args.paired)
 
 
 if __name__ == "__main__":

@@ -177,3 +177,37 @@ def test_index_bounds_cover_every_block_the_fleet_can_cache(tmp_path: Path) -> N
     assert blocks > 1_000_000
     config = sim.kv.index.config
     assert config.max_entries >= 2 * blocks and config.max_engine_hashes >= 2 * blocks
+
+
+def test_predictor_shortcuts_give_the_floats_of_the_formulas() -> None:
+    """The predictor's per-``now`` factor cache and ``idle_terms`` (the capacity book's one
+    lookup) answer exactly what the uncached factors and the separate methods give, over a
+    random history of observations at repeated instants."""
+    rng = random.Random(5)
+    pred = LatencyPredictor()
+    views = _fleet(3)
+    book = ViewBook(views)
+    book.rebuild(0.0)
+    now, pending = 0.0, []
+    for i in range(1500):
+        v = rng.choice(book.views)
+        f_ttft, f_tpot = pred.ttft_factor(v.name, now), pred.tpot_factor(v.name, now)
+        prior = pred.prior(v, "llama-3-8b")
+        probe = max(0, 5000) / prior.prefill_tokens_per_s * f_ttft
+        assert pred.prefill_s(v, "llama-3-8b", 5000, now) == probe
+        out = prior.throughput_tokens_per_s / f_tpot
+        assert pred.throughput_tokens_per_s(v, "llama-3-8b", now) == out
+        empty = pred.predict(dataclasses.replace(v), "llama-3-8b", 0, now).ttft_s
+        assert pred.idle_terms(v, "llama-3-8b", 5000, now) == (prior, probe, out, empty)
+        op = rng.randrange(4)
+        if op == 0:
+            est = pred.predict(v, "llama-3-8b", 800, now)
+            pred.on_dispatch(f"r{i}", v.name, 800, est)
+            pending.append(f"r{i}")
+        elif op == 1 and pending:
+            pred.on_first_token(rng.choice(pending), rng.uniform(0.01, 2.0), now)
+        elif op == 2 and pending:
+            pred.on_finish(pending.pop(rng.randrange(len(pending))), now, rng.uniform(0.005, 0.05))
+        else:
+            now += rng.choice((0.0, 0.01, 3.0))
+    assert pred.ttft_factor("e0", now) != 1.0  # the history did calibrate
