@@ -20,11 +20,19 @@ that patch them (``bench/gateway_callpath.py``'s stage timers and in-memory engi
 ``--gateway-modules ""`` for a core-only copy they accept. The rest of tests/gateway passes
 on the compiled copy.
 
-Left out: ``routing`` (its ``@runtime_checkable`` ``ClaimSource`` Protocol, which mypyc
-rejects), the pydantic config modules (``admission_config``, ``routing_config``,
+``routing`` builds since its ``ClaimSource`` Protocol is checked structurally (no longer
+``@runtime_checkable``, which mypyc rejects). In the gateway, the context, error, hedging,
+admission-gate, router, reliability, cache, tracing, SSE-filter modules and the front server's
+request and the upstream client (``server_request``, ``upstream``, ``upstream_conn``) build
+too. Left out: the pydantic config modules (``admission_config``, ``routing_config``,
 ``cache_config``: compiled references to pydantic's modules do not build) and modules off the
-call path (autoscaler, simulator, prefix index, semantic cache); in the gateway, classes built
-on aiohttp's or asyncio's (the front server, the upstream client) and ``context`` (not tried).
+call path (autoscaler, simulator, prefix index, semantic cache); in the gateway ``server``
+(``FrontProtocol`` subclasses aiohttp's ``BaseProtocol``, whose ``__slots__`` a compiled class
+cannot take), ``upstream_response`` (exceptions subclassing aiohttp's, an async generator) and
+``hedge_io`` (async generators).
+
+The C is split per module (``multi_file``) and compiled on every core (``build_ext -j``);
+``--opt-level`` is mypyc's (3 by default).
 
     python bench/gateway_compile.py [--out build/compiled] [--commit HEAD] [--modules a,b]
 """
@@ -32,6 +40,7 @@ on aiohttp's or asyncio's (the front server, the upstream client) and ``context`
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -47,12 +56,13 @@ MODULES = (
     "latency_outliers", "throttle", "accounting", "accounting_types", "spend_meter",
     "candidates", "scoring_context", "scorers", "affinity", "retry", "queueing",
     "queue_items", "cache", "prompt_reuse", "kv_claims", "slowstart", "resumption",
-    "workflows", "workflow_sync", "types",
+    "workflows", "workflow_sync", "types", "routing",
 )  # fmt: skip
 #: Gateway modules on the call path that build too (``--gateway-modules ""``: core only).
 GATEWAY_MODULES = (
     "planner", "recorder", "exchange", "relay", "proxy", "app", "tracker", "metrics",
-    "request_body",
+    "request_body", "context", "errors", "hedge", "admission_gate", "router", "reliability",
+    "response_cache", "tracing", "sse_filter", "server_request", "upstream", "upstream_conn",
 )  # fmt: skip
 
 
@@ -67,12 +77,26 @@ def export(commit: str, out: Path) -> None:
     subprocess.run(["tar", "-x", "-C", str(out)], input=archive, check=True)
 
 
-def compile_modules(out: Path, modules: list[str]) -> float:
+#: The build script ``compile_modules`` writes (what the ``mypyc`` command writes, plus
+#: ``multi_file``: one C file per module, so ``build_ext -j`` compiles them in parallel).
+SETUP = """from setuptools import setup
+from mypyc.build import mypycify
+
+setup(name="inferplane_compiled", ext_modules=mypycify({files!r}, opt_level={opt!r},
+      multi_file=True))
+"""
+
+
+def compile_modules(out: Path, modules: list[str], opt_level: str = "3") -> float:
     """Build ``modules`` (``core/x``, ``gateway/y``) in place in ``out``; seconds taken."""
     files = [f"inferplane/{m}.py" for m in modules]
-    mypyc = Path(sys.executable).with_name("mypyc")
+    (out / "build").mkdir(exist_ok=True)
+    setup = out / "build" / "setup.py"
+    setup.write_text(SETUP.format(files=files, opt=opt_level))
+    jobs = str(os.cpu_count() or 1)
     start = time.monotonic()
-    subprocess.run([str(mypyc), *files], cwd=out, check=True)
+    cmd = [sys.executable, str(setup), "build_ext", "--inplace", "-j", jobs]
+    subprocess.run(cmd, cwd=out, check=True, stdout=subprocess.DEVNULL)
     shutil.rmtree(out / "build", ignore_errors=True)  # C sources and objects
     return time.monotonic() - start
 
@@ -83,6 +107,7 @@ def main() -> None:
     p.add_argument("--commit", default="HEAD")
     p.add_argument("--modules", default=",".join(MODULES), help="core module names")
     p.add_argument("--gateway-modules", default=",".join(GATEWAY_MODULES))
+    p.add_argument("--opt-level", default="3", help="mypyc's optimisation level, 0-3")
     args = p.parse_args()
     out = Path(args.out).resolve()
     if out == ROOT or out in ROOT.parents:
@@ -90,7 +115,7 @@ def main() -> None:
     export(args.commit, out)
     core = [f"core/{m}" for m in args.modules.split(",") if m]
     gateway = [f"gateway/{m}" for m in args.gateway_modules.split(",") if m]
-    took_s = compile_modules(out, core + gateway)
+    took_s = compile_modules(out, core + gateway, args.opt_level)
     built = sorted(p.name for p in (out / "inferplane").glob("*/*.so"))
     print(f"compiled {len(built)} modules in {took_s:.0f} s into {out}")
     print(f"run with: PYTHONPATH={out} python -m inferplane.cli serve -c <fleet.yaml>")
