@@ -34,11 +34,13 @@ work (context, admission, routing, reliability, accounting, metrics). uvloop aga
 asyncio's loop is the extra round above.
 
     python bench/gateway_overhead.py [--rounds 3] [--duration-s 4] [--concurrency 64]
-        [--workers 1,2] [--no-asyncio-round] [--baseline-src DIR] [--out FILE]
+        [--workers 1,2] [--no-asyncio-round] [--baseline-src DIR[,DIR]] [--out FILE]
 
 ``--baseline-src`` also runs the gateway of another source tree (e.g. ``git archive <commit>
-inferplane | tar -x -C DIR``) in every round, interleaved with the current one, so a change
-is measured against its parent on the same machine at the same moments.
+inferplane | tar -x -C DIR``, or a compiled copy from ``bench/gateway_compile.py``) in every
+round, interleaved with the current one, so a change is measured against its parent on the
+same machine at the same moments; several trees, comma-separated, run as ``baseline``,
+``baseline2``, ...
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gateway_overhead_report import report
+from gateway_overhead_report import baseline_tag, report
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "gateway-overhead.json"
@@ -359,8 +361,8 @@ def orchestrate(args: argparse.Namespace) -> None:
         gateways: dict[str, tuple[int, str]] = {}
         for n in args.workers:
             start(f"w{n}", "uvloop", workers=n)
-        if args.baseline_src:
-            start("baseline", "uvloop", src=args.baseline_src, workers=args.workers[0])
+        for i, src in enumerate(args.baseline_src):
+            start(baseline_tag(i), "uvloop", src=src, workers=args.workers[0])
         rounds: list[dict[str, Any]] = []
         for i in range(args.rounds):
             rounds.append(_round(direct, gateways, args, rounds))
@@ -390,10 +392,12 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--workers", default="1,2", help="gateway worker counts, each a gateway")
     p.add_argument("--no-asyncio-round", action="store_true", help="skip the asyncio-loop row")
-    p.add_argument("--baseline-src", default=None, help="source tree of a gateway to compare")
+    p.add_argument("--baseline-src", default="", help="source trees (comma-separated) of "
+                   "gateways to compare: tags baseline, baseline2, ...")  # fmt: skip
     p.add_argument("--out", default=str(RESULTS), help="where the JSON results go")
     args = p.parse_args()
     args.workers = [int(n) for n in str(args.workers).split(",") if n]
+    args.baseline_src = [d for d in str(args.baseline_src).split(",") if d]
     if args.role == "backend":
         run_backend(args.port)
     elif args.role == "load":

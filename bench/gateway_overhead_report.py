@@ -90,13 +90,18 @@ def _rows(label: str, s: dict[str, float]) -> list[str]:
     ]
 
 
+def baseline_tag(i: int) -> str:
+    """The tag of the ``i``-th ``--baseline-src`` tree: baseline, baseline2, ..."""
+    return "baseline" if i == 0 else f"baseline{i + 1}"
+
+
 def _label(tag: str) -> str:
     if tag.startswith("w"):
         n = int(tag[1:])
         return f"gateway, {n} worker{'s' if n > 1 else ''} (uvloop)"
-    return {"baseline": "baseline gateway (--baseline-src)", "asyncio": "1 worker, asyncio loop"}[
-        tag
-    ]
+    if tag.startswith("baseline"):
+        return f"{tag} gateway (--baseline-src #{tag[8:] or 1})"
+    return {"asyncio": "1 worker, asyncio loop"}[tag]
 
 
 def _judged(args: argparse.Namespace) -> str:
@@ -111,7 +116,8 @@ def report(
     rounds: list[dict[str, Any]], asyncio_round: dict[str, Any], args: argparse.Namespace
 ) -> None:
     """Print the table; write the JSON (summary per gateway, every round, the table)."""
-    tags = [f"w{n}" for n in args.workers] + (["baseline"] if args.baseline_src else [])
+    tags = [f"w{n}" for n in args.workers]
+    tags += [baseline_tag(i) for i in range(len(args.baseline_src))]
     sums = {tag: summary(_views(rounds, tag)) for tag in tags}
     if asyncio_round:
         sums["asyncio"] = summary(_views([asyncio_round], "asyncio"))
@@ -122,8 +128,8 @@ def report(
     ]
     for tag, s in sums.items():
         lines += _rows(_label(tag), s)
-    if args.baseline_src:
-        lines.append(f"  (baseline: {args.baseline_src}, {args.workers[0]} worker(s))")
+    for i, src in enumerate(args.baseline_src):
+        lines.append(f"  ({baseline_tag(i)}: {src}, {args.workers[0]} worker(s))")
     judged = _judged(args)
     s = sums[judged]
     lines.append(
