@@ -254,3 +254,15 @@ def test_a_loop_started_before_its_traffic_sizes_the_reserve_from_the_demand_now
     plain = _loop(_policy(burst_max_factor=1.0), seed=0).run(rates, exact=True)
     assert tuned[-1].desired_total == plain[-1].desired_total + 1
     assert tuned[-1].need_tokens_per_s >= 5.0 * 3.0 * TOKENS_PER_CALL * 0.9
+
+
+def test_the_prior_on_the_demand_now_follows_a_ramp_without_the_slow_lag() -> None:
+    # A morning ramp from 1.2 to 4 calls/s over a minute: 5x the demand passes one replica
+    # (10,000 tok/s) ~20 s in, and the spare is bought within the ramp. The slow baseline
+    # (time constant 60 s, its input clipped) lags the ramp by about a minute: sized from it,
+    # the spare came only after the ramp (on the emulated fleet, 6 s before the burst).
+    rates = [0.0] + [1.2 + 2.8 * i / 12 for i in range(13)] + [4.0] * 6
+    tuned = _loop(_policy(burst_prior_now=5.0), seed=0).run(rates, exact=True)
+    plain = _loop(_policy(burst_max_factor=1.0), seed=0).run(rates, exact=True)
+    assert tuned[9].desired_total == plain[9].desired_total + 1
+    assert all(t.desired_total >= p.desired_total for t, p in zip(tuned, plain, strict=True))
