@@ -34,6 +34,13 @@ class GatewayMetrics:
         self._series: dict[tuple[str, str], tuple[Any, ...]] = {}
         self._requests: dict[tuple[str, str, str], Any] = {}
         self._admission: dict[tuple[str, str, str], Any] = {}
+        self._request_series(r)
+        self._fleet_series(r)
+        self._routing_series(r)
+        self._admission_series(r)
+
+    def _request_series(self, r: CollectorRegistry) -> None:
+        """Latency per model and class; requests, rejects, retries, fallbacks, tokens."""
         lp = ("model", "priority")
         self.ttft = Histogram(
             "inferplane_ttft_seconds", "Time to first token.", lp, buckets=_LATENCY_BUCKETS_S,
@@ -66,6 +73,9 @@ class GatewayMetrics:
             "inferplane_tokens", "Tokens served, by kind (prompt, cached, completion).",
             ("model", "kind"), registry=r,
         )  # fmt: skip
+
+    def _fleet_series(self, r: CollectorRegistry) -> None:
+        """Endpoint states and in-flight calls, spend, tasks and cost per successful task."""
         self.endpoint_state = Gauge(
             "inferplane_endpoint_state", "1 for the endpoint's current state.",
             ("endpoint", "state"), registry=r,
@@ -87,6 +97,8 @@ class GatewayMetrics:
             registry=r,
         )  # fmt: skip
 
+    def _routing_series(self, r: CollectorRegistry) -> None:
+        """KV-event subscriptions and prefix routing."""
         self.kv_connected = Gauge(
             "inferplane_kv_events_connected", "1 while the KV-event subscription is connected.",
             ("endpoint",), registry=r,
@@ -101,6 +113,8 @@ class GatewayMetrics:
             ("kind",), registry=r,
         )  # fmt: skip
 
+    def _admission_series(self, r: CollectorRegistry) -> None:
+        """Admission decisions and queue, response cache, shared-state mode."""
         self.admission = Counter(
             "inferplane_admission_decisions", "Admission decisions and queue exits: decision "
             "(admitted, queued, rejected, dispatched, expired, evicted, cancelled) and reason.",
