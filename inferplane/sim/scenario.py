@@ -166,6 +166,10 @@ class AgenticSource(_Source):
     output_tokens: LengthDist = _dist(500, 2000, 8192)
     tool_pause_s: float = Field(default=2.0, ge=0)  # mean (exponential)
     max_context_tokens: int = Field(default=100_000, ge=256)
+    # The next call resends the previous answer verbatim (the tokens the simulated engine
+    # generated), as a real agent does, so the answer's KV blocks can hit; off: the answer
+    # comes back as fresh tokens (never cached). Off by default (results-changing).
+    resend_answers: bool = False
 
     @model_validator(mode="before")
     @classmethod

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from inferplane.core.prefix_blocks import block_keys
+from inferplane.engine.generation import fill
 from inferplane.sim.prompts import KeyChain, KeySpace, segment
 from inferplane.sim.scenario import (
     AgenticSource,
@@ -231,6 +232,9 @@ class LongContextCalls(SourceBase):
         return t, self.spec(prompt, out)
 
 
+_SAID = -2  # a segment's key when it holds an answer's own tokens (no key of its own)
+
+
 @dataclass(slots=True)
 class _Task:
     """One agent run in progress: its context as segments and the sizes of its next calls."""
@@ -290,14 +294,21 @@ class AgenticTasks:
         if not succeeded or k >= spec.steps:
             del self._tasks[spec.task_id]
             return None
-        self._append(task, task.outputs[k - 1], task.outputs[k])
+        answer = task.outputs[k - 1]
+        # the engine's answer: the content-free generator's tokens after this prompt
+        said = tuple(fill(len(task.prompt), answer)) if self._src.resend_answers else None
+        self._append(task, answer, task.outputs[k], said)
         self._append(task, task.tool_results[k - 1], task.outputs[k])
         return task.pauses_s[k - 1], self._spec(spec.task_id, k, spec.steps, task)
 
     def open_tasks(self) -> int:
         return len(self._tasks)
 
-    def _append(self, task: _Task, num_tokens: int, next_output: int) -> None:
+    def _append(
+        self, task: _Task, num_tokens: int, next_output: int, said: tuple[int, ...] | None = None
+    ) -> None:
+        """``num_tokens`` more context: fresh tokens, or ``said`` (the previous answer's own
+        tokens, kept only while the context is not compacted)."""
         room = max(1, self._limit - next_output)
         if task.num_tokens + num_tokens > room:  # compact: system prompt + a fresh summary
             summary = max(1, min(room // 2, room - self._system[1]))
@@ -306,7 +317,12 @@ class AgenticTasks:
             task.prompt = segment(*self._system) + segment(*task.segments[1])
             task.chain = KeyChain()  # the prompt no longer extends the one before
             num_tokens = min(num_tokens, room - task.num_tokens)
-        if num_tokens > 0:
+            said = None  # summarised: no longer the answer's own tokens at their positions
+        if said is not None and num_tokens > 0:
+            task.segments.append((_SAID, num_tokens))
+            task.num_tokens += num_tokens
+            task.prompt += said
+        elif num_tokens > 0:
             task.segments.append((key := self._keys.fresh(), num_tokens))
             task.num_tokens += num_tokens
             task.prompt += segment(key, num_tokens)

@@ -10,9 +10,13 @@ import itertools
 import math
 import random
 import statistics
+from pathlib import Path
 from typing import Any
 
+from inferplane.config import parse_config
 from inferplane.core.prefix_blocks import block_keys
+from inferplane.engine.generation import fill
+from inferplane.sim.calibrated import CalibratedSimulation
 from inferplane.sim.prompts import KeySpace, segment
 from inferplane.sim.scenario import (
     AgenticSource,
@@ -21,6 +25,7 @@ from inferplane.sim.scenario import (
     Demand,
     LengthDist,
     LongContextSource,
+    parse_scenario,
 )
 from inferplane.sim.workload import (
     AgenticTasks,
@@ -187,3 +192,52 @@ def test_agentic_prompts_and_keys_kept_incrementally_match_a_rebuild() -> None:
         assert nxt is not None
         spec = nxt[1]
     assert len({id(c) for c in chains}) > 1  # compacted: a fresh chain, keys still match
+
+
+def test_agentic_resend_answers_carries_the_engines_answer_verbatim() -> None:
+    """With ``resend_answers`` the next prompt is the previous one, the content-free
+    engine's answer to it (``generation.fill`` at its position) and a fresh tool result."""
+    tasks = AgenticTasks(_agent_source(resend_answers=True), _base())
+    _, spec = tasks.next_arrival() or (0.0, None)
+    assert spec is not None
+    plain = AgenticTasks(_agent_source(), _base())
+    _, plain_spec = plain.next_arrival() or (0.0, None)
+    assert plain_spec is not None and plain_spec.prompt_token_ids == spec.prompt_token_ids
+    while (nxt := tasks.follow_up(spec, True)) is not None:
+        follow, n = nxt[1], len(spec.prompt_token_ids)
+        assert follow.prompt_token_ids[:n] == spec.prompt_token_ids
+        assert follow.prompt_token_ids[n : n + 50] == tuple(fill(n, 50))
+        assert len(follow.prompt_token_ids) == n + 50 + 200
+        assert follow.block_keys() == tuple(block_keys(follow.prompt_token_ids))
+        plain_nxt = plain.follow_up(plain_spec, True)
+        assert plain_nxt is not None
+        plain_spec = plain_nxt[1]  # without it: fresh tokens where the answer was
+        assert plain_spec.prompt_token_ids[n : n + 50] != follow.prompt_token_ids[n : n + 50]
+        spec = follow
+
+
+def test_resent_answers_hit_the_engines_cache(tmp_path: Path) -> None:
+    """One agent task on one engine: each follow-up finds its previous prompt cached, and
+    with ``resend_answers`` the previous answer too (the full blocks of both, but for the
+    answer's last token, whose KV the engine never computes)."""
+    fleet = parse_config({"gateway": {"auth": {"mode": "anonymous"}}, "endpoints": [
+        {"name": "e0", "url": "http://127.0.0.1:9000", "gpu": "h100",
+         "price_per_hour_usd": 2.0, "models": ["llama-3-8b"]}]})  # fmt: skip
+    cached: dict[bool, list[tuple[int, int, int]]] = {}
+    for resend in (False, True):
+        source = _agent_source(users=1, tasks_per_user_per_hour=36_000, calls_per_task=5,
+                               resend_answers=resend, stop_s=0.5)  # fmt: skip
+        scenario = parse_scenario(
+            {"name": "s", "fleet": "x", "duration_s": 30.0, "drain_s": 60,
+             "policies": ["inferplane"], "workload": [source.model_dump()]}
+        )  # fmt: skip
+        records = CalibratedSimulation(scenario, fleet, tmp_path, "inferplane").run().records
+        first = min(r.task_id for r in records)
+        task = sorted((r for r in records if r.task_id == first), key=lambda r: r.step)
+        assert [r.step for r in task] == [0, 1, 2, 3, 4]
+        cached[resend] = [(r.prompt_tokens, r.cached_tokens, r.completion_tokens) for r in task]
+    for resend, steps in cached.items():
+        for (prompt, _, answer), (_, hit, _) in itertools.pairwise(steps):
+            held = prompt + answer - 1 if resend else prompt  # the last token is never fed
+            assert hit >= held // 16 * 16, (resend, steps)
+    assert sum(c for _, c, _ in cached[True]) > sum(c for _, c, _ in cached[False])
