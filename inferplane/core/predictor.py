@@ -42,7 +42,9 @@ Memo: one call is predicted on the same endpoint by routing and again at dispatc
 admission), with nothing changed in between. ``predict`` keeps its answers for the exact
 view object (views are frozen), model, token count and ``now`` until the next observation
 or prior changes what it knows, so asking twice costs one prediction and the answer is the
-very same estimate a fresh prediction would give.
+very same estimate a fresh prediction would give. The calibration factors' values are kept
+likewise for one ``now`` until a factor learns (routing asks ``predict``, ``prefill_s`` and
+the throughput of each candidate).
 """
 
 from __future__ import annotations
@@ -218,9 +220,9 @@ class LatencyPredictor:
     def _predict(
         self, view: EndpointView, model: str, num_uncached_tokens: int, now: float
     ) -> LatencyEstimate:
-        # ``prior``, ``queued_tokens``, ``_prefill_ahead_s``, ``slot_steps`` and the two
-        # factors inlined, each expression as there (the same floats): this runs for every
-        # candidate of every routing call and for admission's pool.
+        # ``queued_tokens`` and the prefill-ahead arithmetic inlined, the factors read once
+        # per (endpoint, now): this runs for every candidate of every routing call and for
+        # admission's pool.
         prior = self.prior(view, model)
         name, load = view.info.name, view.load
         num_seqs, rate = prior.max_num_seqs, prior.prefill_tokens_per_s
@@ -233,7 +235,8 @@ class LatencyPredictor:
         )
         own_tokens = max(0, num_uncached_tokens)
         own_s = own_tokens / rate
-        # queued prefill ahead and decode interference (``_prefill_ahead_s``)
+        # queued prefill ahead, and decode interference: decodes share each chunked-prefill
+        # step's token budget and add per-sequence cost
         ahead_tokens = max(
             float(self._queued_tokens.get(name, 0)), num_waiting * self._mean_uncached
         )
@@ -274,22 +277,6 @@ class LatencyPredictor:
         if not cfg.slot_wait_learned or stats.count < cfg.slot_steps_min_calls:
             return prior.mean_output_tokens
         return stats.mean_steps()
-
-    def _prefill_ahead_s(
-        self, view: EndpointView, prior: EndpointPrior, num_uncached_tokens: int
-    ) -> tuple[float, float]:
-        """(queued prefill ahead, decode interference) in uncalibrated seconds."""
-        own_tokens = max(0, num_uncached_tokens)
-        ahead_tokens = self.queued_tokens(view)
-        started = view.in_flight - self._queued_calls.get(view.name, 0)
-        running = min(max(view.load.num_running, started), prior.max_num_seqs)
-        rate = prior.prefill_tokens_per_s
-        # Decodes share each chunked-prefill step's token budget and add per-sequence cost.
-        share = running / max(1.0, prior.chunk_tokens - running)
-        chunks = math.ceil((ahead_tokens + own_tokens) / prior.chunk_tokens)
-        work_s = (ahead_tokens + own_tokens) / rate
-        interference_s = work_s * share + chunks * running * prior.decode_per_seq_s
-        return ahead_tokens / rate, interference_s
 
     def prefill_s(self, view: EndpointView, model: str, num_tokens: int, now: float) -> float:
         """Calibrated time to prefill ``num_tokens`` on an idle endpoint (what a cache saves)."""
