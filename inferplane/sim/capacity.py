@@ -44,6 +44,9 @@ from inferplane.core.types import EndpointView, PriorityClass
 from inferplane.sim.views import ViewBook
 
 _CLASSES = tuple(PriorityClass)
+#: A class's position in ``_CLASSES``: the per-class sums are lists by it (an Enum member's
+#: hash is a Python-level call, four per class per endpoint share otherwise).
+_AT = {c: i for i, c in enumerate(_CLASSES)}
 _PROBE_TOKENS = 100_000  # as the core's prefill_rate
 _MAX_CONFIGS = 8  # admission configs with sums kept (HeldConfigs makes at most four)
 
@@ -62,9 +65,9 @@ class _PoolSums:
         self.rate = [0.0] * size
         self.out = [0.0] * size
         self.rank = [0.0] * size  # predicted TTFT of an empty prompt
-        self.free = {c: [0] * size for c in _CLASSES}
+        self.free = [[0] * size for _ in _CLASSES]  # by class position, then endpoint
         self.sat_sum = self.rate_sum = self.out_sum = 0.0
-        self.free_sum = dict.fromkeys(_CLASSES, 0)
+        self.free_sum = [0] * len(_CLASSES)
         self.num_accepting = 0
         self.order: list[tuple[float, int]] = []  # (rank, position) of accepting endpoints
 
@@ -84,7 +87,7 @@ class CapacityBook:
         self._pools: dict[tuple[int, str], _PoolSums] = {}  # by (id of config, model)
         self._configs: dict[int, AdmissionConfig] = {}  # keeps the keyed configs alive
         self._dirty: dict[tuple[int, str], set[int]] = {}
-        self._class_limits: dict[int, dict[PriorityClass, tuple[float, float]]] = {}
+        self._class_limits: dict[int, list[tuple[int, float, float]]] = {}
         self._terms = predictor.idle_terms if isinstance(predictor, LatencyPredictor) else None
         book.on_patch.append(self._mark)
         book.on_rebuild.append(self._reset)
@@ -117,7 +120,7 @@ class CapacityBook:
         if priority is None:
             free = sum(free_slots(v, model, predictor, cfg) for v in pool if v.state.accepts_work)
         else:
-            free = sums.free_sum[priority]
+            free = sums.free_sum[_AT[priority]]
         estimates = [
             predictor.predict(pool[pos], model, num_uncached_tokens, now)
             for _, pos in sums.order[: self.best_of]
@@ -186,7 +189,7 @@ class CapacityBook:
         sums.out_sum += out
         allowance, kv = cfg.engine_queue_allowance, load.kv_usage
         free_by, free_sum = sums.free, sums.free_sum
-        for c, (slot_share, kv_limit) in self._limits(cfg).items():
+        for c, slot_share, kv_limit in self._limits(cfg):
             if kv >= kv_limit:
                 free = 0
             else:
@@ -197,14 +200,16 @@ class CapacityBook:
         sums.rank[pos] = rank
         bisect.insort(sums.order, (rank, pos))
 
-    def _limits(self, cfg: AdmissionConfig) -> dict[PriorityClass, tuple[float, float]]:
-        """Per class: its headroom's slot share and the KV use it stops at (``free_slots``)."""
+    def _limits(self, cfg: AdmissionConfig) -> list[tuple[int, float, float]]:
+        """Per class (its position, its headroom's slot share, the KV use it stops at), as
+        ``free_slots`` reads them."""
         found = self._class_limits.get(id(cfg))
         if found is None:
             head = cfg.headroom
-            found = self._class_limits[id(cfg)] = {
-                c: (head.slot_share.of(c), cfg.kv_threshold - head.kv_share.of(c)) for c in _CLASSES
-            }
+            found = self._class_limits[id(cfg)] = [
+                (i, head.slot_share.of(c), cfg.kv_threshold - head.kv_share.of(c))
+                for i, c in enumerate(_CLASSES)
+            ]
         return found
 
     def _remove(self, sums: _PoolSums, pos: int) -> None:
@@ -215,7 +220,7 @@ class CapacityBook:
         sums.sat_sum -= sums.sat[pos]
         sums.rate_sum -= sums.rate[pos]
         sums.out_sum -= sums.out[pos]
-        for c in _CLASSES:
-            sums.free_sum[c] -= sums.free[c][pos]
+        for i in range(len(_CLASSES)):
+            sums.free_sum[i] -= sums.free[i][pos]
         entry = (sums.rank[pos], pos)
         del sums.order[bisect.bisect_left(sums.order, entry)]
