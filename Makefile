@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit fast compiled bench-calibration bench-fleet bench-gateway bench-peers clean
+.PHONY: demo test lint typecheck unit compiled-unit fast compiled bench-calibration bench-fleet bench-gateway bench-peers clean
 
 TEST_STAMP := $(VENV)/.installed-test
 
@@ -20,12 +20,36 @@ $(TEST_STAMP): $(STAMP)
 	command -v chromium >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq chromium)
 	touch $(TEST_STAMP)
 
+# The call path (policy core and gateway modules) compiled by mypyc into a copy of the working
+# tree (bench/gateway_compile.py --worktree; 2-3 min of C on two cores), rebuilt when a source
+# under inferplane/ changes. The checkout itself is never compiled, so an edit is never hidden
+# by a stale build. Built only where a C compiler is present; without one, or if the build
+# fails, everything runs on the pure-Python tree. `make demo` serves from the copy; `make test`
+# also runs tests/core and tests/gateway inside it (whichever is built is tested).
+COMPILED := build/compiled
+COMPILED_STAMP := $(COMPILED)/.built
+CC_FOUND := $(shell command -v cc 2>/dev/null || command -v gcc 2>/dev/null)
+SOURCES := $(wildcard $(shell git ls-files --cached --others --exclude-standard -- 'inferplane/*.py' 2>/dev/null))
+
+$(COMPILED_STAMP): $(STAMP) $(SOURCES)
+ifneq ($(CC_FOUND),)
+	$(BIN)/python bench/gateway_compile.py --worktree --out $(COMPILED) && touch $@ \
+		|| echo "compiled build failed: the pure-Python tree is used"
+else
+	@echo "no C compiler: the pure-Python tree is used"
+endif
+
+compiled: $(COMPILED_STAMP)
+
+# The compiled copy first on PYTHONPATH when it is built (else nothing: the checkout).
+RUN_COMPILED = $(if $(wildcard $(COMPILED_STAMP)),PYTHONPATH=$(abspath $(COMPILED)))
+
 LOAD ?=
 
-demo: $(STAMP)
-	$(BIN)/inferplane up $(if $(LOAD),--load $(LOAD))
+demo: $(STAMP) $(COMPILED_STAMP)
+	$(RUN_COMPILED) $(BIN)/inferplane up $(if $(LOAD),--load $(LOAD))
 
-test: $(TEST_STAMP) lint typecheck unit
+test: $(TEST_STAMP) lint typecheck unit compiled-unit
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -40,10 +64,12 @@ unit: $(TEST_STAMP)
 fast: $(STAMP)
 	$(BIN)/pytest -q -m 'not slow'
 
-# Opt-in: HEAD exported to build/compiled with the call path (core, gateway) compiled by
-# mypyc (minutes of C compilation; not part of `make test`). Run with PYTHONPATH=build/compiled.
-compiled: $(STAMP)
-	$(BIN)/python bench/gateway_compile.py --out build/compiled
+# The compiled copy's own tests/core and tests/gateway (tests/gateway/test_compiled.py checks
+# that its modules are the ones imported); nothing to run without a build.
+compiled-unit: $(TEST_STAMP) $(COMPILED_STAMP)
+	@if [ -f $(COMPILED_STAMP) ]; then \
+		cd $(COMPILED) && $(abspath $(BIN))/pytest -q -p no:cacheprovider tests/core tests/gateway; \
+	else echo "no compiled build: compiled-unit skipped"; fi
 
 bench-calibration: $(STAMP)
 	$(BIN)/python bench/engine_calibration.py

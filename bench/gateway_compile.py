@@ -34,12 +34,19 @@ cannot take), ``upstream_response`` (exceptions subclassing aiohttp's, an async 
 The C is split per module (``multi_file``) and compiled on every core (``build_ext -j``);
 ``--opt-level`` is mypyc's (3 by default).
 
-    python bench/gateway_compile.py [--out build/compiled] [--commit HEAD] [--modules a,b]
+``--worktree`` builds the working tree's files instead of a commit (``make compiled``, which
+``make demo`` and ``make test`` run when a C compiler is present). The copy's
+``inferplane/compiled.json`` names the compiled modules with their sources' SHA-256.
+
+    python bench/gateway_compile.py [--out build/compiled] [--commit HEAD | --worktree]
+        [--modules a,b] [--gateway-modules c,d] [--opt-level 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -66,11 +73,29 @@ GATEWAY_MODULES = (
 )  # fmt: skip
 
 
-def export(commit: str, out: Path) -> None:
-    """The commit's tree (tracked files only) at ``out``, replacing what was there."""
+#: Written into the compiled copy's package: the compiled modules and their sources' SHA-256
+#: (``tests/gateway/test_compiled.py`` checks them against what is imported).
+MANIFEST = "inferplane/compiled.json"
+
+
+def export(commit: str | None, out: Path) -> None:
+    """The commit's tree (tracked files only) at ``out``, replacing what was there; with
+    ``commit`` None, the working tree's files as they are now (tracked and untracked, not
+    ignored: what ``make compiled`` builds, so a source edit is never hidden)."""
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
+    if commit is None:
+        listed = subprocess.run(
+            ["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others",
+             "--exclude-standard"], check=True, capture_output=True,
+        ).stdout  # fmt: skip
+        for name in filter(None, listed.decode().split("\0")):
+            src = ROOT / name
+            if src.is_file() and not src.is_symlink():
+                (out / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src, out / name)
+        return
     archive = subprocess.run(
         ["git", "-C", str(ROOT), "archive", commit], check=True, capture_output=True
     ).stdout
@@ -101,10 +126,22 @@ def compile_modules(out: Path, modules: list[str], opt_level: str = "3") -> floa
     return time.monotonic() - start
 
 
+def write_manifest(out: Path, modules: list[str]) -> None:
+    """``MANIFEST``: each compiled module's dotted name and its source's SHA-256."""
+    sources = {
+        "inferplane." + m.replace("/", "."): hashlib.sha256(
+            (out / "inferplane" / f"{m}.py").read_bytes()
+        ).hexdigest()
+        for m in modules
+    }
+    (out / MANIFEST).write_text(json.dumps(sources, indent=1, sort_keys=True))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--out", default=str(ROOT / "build" / "compiled"))
-    p.add_argument("--commit", default="HEAD")
+    p.add_argument("--commit", default="HEAD", help="the commit to export ('' with --worktree)")
+    p.add_argument("--worktree", action="store_true", help="build the working tree's files")
     p.add_argument("--modules", default=",".join(MODULES), help="core module names")
     p.add_argument("--gateway-modules", default=",".join(GATEWAY_MODULES))
     p.add_argument("--opt-level", default="3", help="mypyc's optimisation level, 0-3")
@@ -112,10 +149,11 @@ def main() -> None:
     out = Path(args.out).resolve()
     if out == ROOT or out in ROOT.parents:
         raise SystemExit("--out must be a separate folder (not the checkout itself)")
-    export(args.commit, out)
+    export(None if args.worktree else args.commit, out)
     core = [f"core/{m}" for m in args.modules.split(",") if m]
     gateway = [f"gateway/{m}" for m in args.gateway_modules.split(",") if m]
     took_s = compile_modules(out, core + gateway, args.opt_level)
+    write_manifest(out, core + gateway)
     built = sorted(p.name for p in (out / "inferplane").glob("*/*.so"))
     print(f"compiled {len(built)} modules in {took_s:.0f} s into {out}")
     print(f"run with: PYTHONPATH={out} python -m inferplane.cli serve -c <fleet.yaml>")
