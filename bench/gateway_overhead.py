@@ -14,6 +14,10 @@ because absolute rates drift on shared machines; the table reports medians over 
 extra round runs the gateway on the standard asyncio loop instead of uvloop, to show what the
 event-loop choice is worth. Results go to bench/results/gateway-overhead.json.
 
+``--latency-rate R`` measures latency at R req/s for every gateway instead of at each one's
+half saturation (a faster gateway is otherwise measured at a higher rate, so under more load
+on the shared cores than a slower one).
+
 ``--workers 1,2`` (the default) runs one gateway per count (``inferplane serve --workers N``,
 SO_REUSEPORT) in the same rounds; a gateway's CPU is its whole process tree's. One Python
 process is capped at one core while the Rust routers run a thread per core, so the targets
@@ -34,7 +38,8 @@ work (context, admission, routing, reliability, accounting, metrics). uvloop aga
 asyncio's loop is the extra round above.
 
     python bench/gateway_overhead.py [--rounds 3] [--duration-s 4] [--concurrency 64]
-        [--workers 1,2] [--no-asyncio-round] [--baseline-src DIR[,DIR]] [--out FILE]
+        [--workers 1,2] [--latency-rate 0] [--no-asyncio-round] [--baseline-src DIR[,DIR]]
+        [--out FILE]
 
 ``--baseline-src`` also runs the gateway of another source tree (e.g. ``git archive <commit>
 inferplane | tar -x -C DIR``, or a compiled copy from ``bench/gateway_compile.py``) in every
@@ -337,6 +342,8 @@ def _round(direct: str, gateways: dict[str, tuple[int, str]], args: argparse.Nam
         # Half of the lowest saturation seen so far for this gateway: rates drift on a shared
         # machine and latency must be measured below saturation, not at a momentary peak.
         half = 0.5 * min(r[tag]["gateway_rps"]["rps"] for r in [*earlier, res])
+        if args.latency_rate > 0:  # one fixed rate for every gateway: latency like for like
+            half = args.latency_rate
         res[tag]["half_rate"] = half
         res[tag]["direct_half"] = _measure(direct, "open", False, args, half)
         res[tag]["gateway_half"] = _via(gateway, "open", False, args, half)
@@ -391,6 +398,12 @@ def main() -> None:
     p.add_argument("--duration-s", type=float, default=4.0)
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--workers", default="1,2", help="gateway worker counts, each a gateway")
+    p.add_argument(
+        "--latency-rate",
+        type=float,
+        default=0.0,
+        help="req/s of the latency runs for every gateway (0: half saturation)",
+    )
     p.add_argument("--no-asyncio-round", action="store_true", help="skip the asyncio-loop row")
     p.add_argument("--baseline-src", default="", help="source trees (comma-separated) of "
                    "gateways to compare: tags baseline, baseline2, ...")  # fmt: skip
