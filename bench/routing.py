@@ -257,17 +257,20 @@ def main() -> None:
     if args.role == "fleet":
         run_fleet(args.kv_events, args.time_scale, args.tp)
         return
-    if args.scan_rates:
-        scan_rate(args)
     workloads = WORKLOADS if args.workload == "both" else (args.workload,)
-    payload: dict[str, Any] = {"args": vars(args), "uptime": _uptime(), "workloads": {}}
+    uptime = _uptime()
+    scanned = scan_rate(args, workloads[0]) if args.scan_rates else None
+    payload: dict[str, Any] = {"args": vars(args), "uptime": uptime, "workloads": {}}
     lines: list[str] = []
     for workload in workloads:
         prefix = prefix_sent(args) if workload == "prefix" else []
         refs: dict[int, dict[str, float]] = {}
         results = {}
         for policy in args.policies.split(","):
-            results[policy] = run_policy(policy, workload, args)
+            if policy == "round-robin" and scanned is not None and workload == workloads[0]:
+                results[policy] = scanned  # the scan's last run is this one (same rate, duration)
+            else:
+                results[policy] = run_policy(policy, workload, args)
             blocks = results[policy]["fleet_kv_blocks"]
             if prefix and blocks not in refs:  # the calls are fixed: once per fleet size
                 refs[blocks] = {"oracle_hit_rate": oracle_hit_rate(prefix),
@@ -292,19 +295,31 @@ def _uptime() -> str:
         return f"load average {os.getloadavg()}"
 
 
-def scan_rate(args: argparse.Namespace) -> None:
-    """Short round-robin prefix runs at rising rates; keep the first whose P90 TTFT passes 2 s."""
+def scan_rate(args: argparse.Namespace, workload: str) -> dict[str, Any] | None:
+    """Round-robin runs of ``workload`` at rising rates (``--rate`` for prefix,
+    ``--session-rate`` for agentic); keep the first whose P90 TTFT passes 2 s (or the last).
+    Each point is recorded in ``args.scan`` (so in the result's ``args``). When the scan runs
+    at the full ``--duration-s``, its last row is returned: the round-robin row of the run
+    that follows."""
     duration_s = args.duration_s
-    args.duration_s = args.scan_duration_s
+    args.duration_s = args.scan_duration_s or duration_s
+    knob = "rate" if workload == "prefix" else "session_rate"
+    args.scan = []
+    row: dict[str, Any] | None = None
     try:
         for rate in (float(r) for r in args.scan_rates.split(",")):
-            args.rate = rate
-            p90 = run_policy("round-robin", "prefix", args)["ttft_p90_s"]
-            print(f"scan: round-robin at {rate:g}/s: P90 {p90}", file=sys.stderr, flush=True)
+            setattr(args, knob, rate)
+            row = run_policy("round-robin", workload, args)
+            p90 = row["ttft_p90_s"]
+            args.scan.append({knob: rate, "duration_s": args.duration_s, "ttft_p90_s": p90,
+                              "uptime": _uptime()})  # fmt: skip
+            print(f"scan: round-robin {workload} at {rate:g}/s: P90 {p90}", file=sys.stderr,
+                  flush=True)  # fmt: skip
             if p90 is not None and p90 > 2.0:
-                return
+                break
     finally:
         args.duration_s = duration_s
+    return row if args.scan_duration_s in (0.0, duration_s) else None
 
 
 def parse_args() -> argparse.Namespace:
@@ -337,8 +352,15 @@ def parse_args() -> argparse.Namespace:
     prefix.add_argument("--tenants", type=int, default=16)
     prefix.add_argument("--prefix-words", type=int, default=1000)
     prefix.add_argument("--max-tokens", type=int, default=8)
-    prefix.add_argument("--scan-rates", default="", help="e.g. 10,14,18: pick --rate first")
-    prefix.add_argument("--scan-duration-s", type=float, default=10.0)
+    p.add_argument(
+        "--scan-rates", default="",
+        help="e.g. 10,14,18: first pick the rate (--rate, or --session-rate for agentic) at"
+        " which round-robin's P90 TTFT passes 2 s",
+    )  # fmt: skip
+    p.add_argument(
+        "--scan-duration-s", type=float, default=10.0,
+        help="each scan run's duration; 0 or --duration-s: full runs, the last one reused",
+    )  # fmt: skip
     agentic = p.add_argument_group("agentic workload")
     agentic.add_argument("--session-rate", type=float, default=2.0, help="sessions/s")
     agentic.add_argument("--agent-steps", default="4-10", help="calls per session, lo-hi")
