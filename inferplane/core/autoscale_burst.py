@@ -8,7 +8,9 @@ it came ready after it had ended. :class:`BurstEpisode` tracks the burst that is
 began, the demand it rose from) and learns how long bursts last, so the loop can tell whether
 a replica bought now would still find the burst on (:func:`late_for_burst`):
 
-* a burst **begins** with a window that is a surge (the loop's test: sudden, rising) and
+* a burst **begins** with a window that is a surge (the loop's test: sudden, rising), or
+  whose calls are ``on_ratio`` x the lowest window of the last cold start (:func:`rise_ratio`:
+  a rise too fast for a reactive step, spread over windows none of which is a surge), and
   whose calls, read at their Poisson lower bound (``z`` sigmas down, as the reserve reads
   them), are at least ``on_ratio`` x what the slow baseline expected, once that baseline has
   settled (a ramp is no burst); the baseline then is the demand it rose from;
@@ -35,7 +37,7 @@ from dataclasses import dataclass, replace
 from inferplane.core.autoscale_reserve import burst_ratio
 from inferplane.core.autoscale_surge import fitted_line
 
-__all__ = ["BurstEpisode", "late_for_burst"]
+__all__ = ["BurstEpisode", "late_for_burst", "rise_ratio"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +99,28 @@ class BurstEpisode:
         if elapsed < length:
             return length - elapsed
         return 0.0 if falling else elapsed
+
+
+def rise_ratio(
+    *,
+    requests: int,
+    tokens: float,
+    window_s: float,
+    now_s: float,
+    rates: Sequence[tuple[float, float]],
+    within_s: float,
+    z: float,
+) -> float:
+    """How many times the lowest rate of the windows ``rates`` (``(at_s, tokens/s)``, before
+    this one) that ended within ``within_s`` the window's calls are, at least (their Poisson
+    lower bound ``z`` sigmas down; 0 without such a window). A rise to ``on_ratio`` within a
+    cold start is a burst even when no single window is a surge: the fast forecast's trend
+    follows a rise spread over a few windows (agentic calls ramp up as their tasks start), so
+    no window is ``surge_z`` over it, while no reactive step can catch up with it."""
+    lows = [r for t, r in rates if now_s - t <= within_s]
+    if not lows or requests <= 0 or window_s <= 0 or min(lows) <= 0:
+        return 0.0
+    return burst_ratio(requests, min(lows) * window_s / (tokens / requests), z)
 
 
 def late_for_burst(

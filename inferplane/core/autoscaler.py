@@ -53,7 +53,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from inferplane.core.autoscale_burst import BurstEpisode, late_for_burst
+from inferplane.core.autoscale_burst import BurstEpisode, late_for_burst, rise_ratio
 from inferplane.core.autoscale_learn import Learned, learned_utilisation
 from inferplane.core.autoscale_plan import ScaleAction, plan
 from inferplane.core.autoscale_plan import capacity as _capacity
@@ -262,16 +262,23 @@ def _demand_need(
 
 
 def _episode(policy: PoolPolicy, signal: PoolSignal, memory: _PoolMemory) -> BurstEpisode:
-    """The burst episode after this window: a surge over the settled slow baseline begins
-    one (:mod:`inferplane.core.autoscale_burst`)."""
+    """The burst episode after this window: a surge, or a rise to ``burst_on_ratio`` within a
+    cold start, over the settled slow baseline begins one
+    (:mod:`inferplane.core.autoscale_burst`)."""
     holt = memory.slow if memory.slow.at_s is not None else memory.forecast
     since, horizon_s = memory.reserve.since_s, _horizon_s(policy)
     settled = since is not None and signal.now_s - since >= policy.reserve_baseline_s
+    risen = rise_ratio(
+        requests=signal.requests, tokens=signal.tokens, window_s=signal.window_s,
+        now_s=signal.now_s, rates=memory.rates, z=policy.burst_z,
+        within_s=min(o.cold_start_s for o in policy.options),
+    ) >= policy.burst_on_ratio  # fmt: skip
+    surge = risen or _surge_demand(policy, signal, memory, horizon_s, policy.surge_z) > 0
     return memory.episode.observe(
         requests=signal.requests, tokens=signal.tokens, window_s=signal.window_s,
         now_s=signal.now_s, baseline_tokens_per_s=max(holt.level, holt.predict(signal.now_s)),
         z=policy.burst_z, on_ratio=policy.burst_on_ratio, off_ratio=policy.burst_off_ratio,
-        surging=settled and _surge_demand(policy, signal, memory, horizon_s, policy.surge_z) > 0,
+        surging=settled and surge,
     )  # fmt: skip
 
 
@@ -331,7 +338,18 @@ def _reserve(
         prior_cap_tokens_per_s=cap, now_tokens_per_s=demand,
     )  # fmt: skip
     ahead_now = base if bursting else forecast.peak_tokens_per_s(now, ahead)
-    return reserve, slow, (learned, max(prior, min(policy.burst_prior_now * ahead_now, cap)))
+    return reserve, slow, (learned, max(prior, _prior_now(policy, reserve, ahead_now, cap)))
+
+
+def _prior_now(policy: PoolPolicy, reserve: BurstReserve, demand: float, cap: float) -> float:
+    """The prior on the demand now: the demand plus the burst it may bring, ``burst_prior_now
+    - 1`` x the demand, the quiet demand at most (a burst adds to the day what it adds to its
+    trough), the whole at most ``cap``. The demand's own need then covers the burst once the
+    demand is high (mid-day, a burst's tail), and the spare is not paid on top of it. Until
+    the quiet level has settled it is ``burst_prior_now`` x the demand (a loop started before
+    its traffic: the level rises from 0 and would hold the spare back)."""
+    low = min((demand, *(v for _, v in reserve.quiet)))
+    return min(demand + (policy.burst_prior_now - 1.0) * low, cap)
 
 
 def _observe_reserve(policy: PoolPolicy, signal: PoolSignal, memory: _PoolMemory) -> BurstReserve:

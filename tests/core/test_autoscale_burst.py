@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inferplane.core.autoscale_burst import BurstEpisode, late_for_burst
+from inferplane.core.autoscale_burst import BurstEpisode, late_for_burst, rise_ratio
 from inferplane.core.autoscaler import (
     Autoscaler,
     AutoscalerState,
@@ -221,3 +221,39 @@ def test_a_prior_over_the_demand_now_keeps_one_spare_replica_at_most() -> None:
         _policy(burst_prior_now=5.0, burst_max_factor=8.0), [1.0] * 60
     )  # 5x of 1 call/s fits one replica
     assert low[-1].desired_total == 1
+
+
+def test_a_rise_ratio_reads_the_lowest_window_of_the_last_cold_start() -> None:
+    rates = [(10.0, 2000.0), (15.0, 3000.0), (20.0, 4000.0)]
+    ratio = rise_ratio(
+        requests=100, tokens=1e5, window_s=5.0, now_s=25.0, rates=rates, within_s=12.0, z=0.0
+    )
+    assert ratio == pytest.approx(20_000.0 / 3000.0)  # 10.0 s is past the cold start
+    assert rise_ratio(requests=100, tokens=1e5, window_s=5.0, now_s=25.0, rates=[],
+                      within_s=45.0, z=0.0) == 0.0  # fmt: skip
+
+
+def test_a_rise_spread_over_windows_begins_a_burst_and_buys_nothing_late() -> None:
+    # A 5x rise over six windows (30 s), none of them a surge over the fast forecast (its
+    # trend follows), then a minute on: within one cold start (45 s) the rate has doubled,
+    # a burst; a replica bought during it would serve less than its cold start of it.
+    low, high = 4.0, 20.0
+    rise = [low * (high / low) ** (i / 6) for i in range(1, 7)]
+    rates = [low] * 36 + rise + [high] * 10 + [low] * 24
+    loop = ClosedLoop(Autoscaler([_policy(burst_length_s=60.0)]), 3, H100)
+    on = []
+    for rate in rates:
+        loop.step(rate, exact=True)
+        on.append(loop.state.pools["m"].episode.on)
+    assert not any(on[:36]) and any(on[36:42])
+    bare = ClosedLoop(Autoscaler([_policy()]), 3, H100).run(rates, exact=True)
+    assert _ups(bare, 36, 52) >= 1  # without the length prior the loop chases it
+
+
+def test_a_day_ramp_begins_no_burst() -> None:
+    # 2 to 8 calls/s over ten minutes: never doubles within a cold start.
+    rates = [2.0 + 6.0 * i / 120 for i in range(121)]
+    loop = ClosedLoop(Autoscaler([_policy(burst_length_s=60.0)]), 3, H100)
+    for rate in rates:
+        loop.step(rate)
+        assert not loop.state.pools["m"].episode.on
