@@ -22,14 +22,15 @@ on the compiled copy.
 
 ``routing`` builds since its ``ClaimSource`` Protocol is checked structurally (no longer
 ``@runtime_checkable``, which mypyc rejects). In the gateway, the context, error, hedging,
-admission-gate, router, reliability, cache, tracing, SSE-filter modules and the front server's
-request and the upstream client (``server_request``, ``upstream``, ``upstream_conn``) build
-too. Left out: the pydantic config modules (``admission_config``, ``routing_config``,
-``cache_config``: compiled references to pydantic's modules do not build) and modules off the
-call path (autoscaler, simulator, prefix index, semantic cache); in the gateway ``server``
-(``FrontProtocol`` subclasses aiohttp's ``BaseProtocol``, whose ``__slots__`` a compiled class
-cannot take), ``upstream_response`` (exceptions subclassing aiohttp's, an async generator) and
-``hedge_io`` (async generators).
+admission-gate, router, reliability, cache, tracing, SSE-filter modules, the front server
+(``server``: its two classes built on aiohttp's, ``FrontProtocol`` and ``FrontSite``, whose
+``__slots__`` a native class cannot take, are ``mypyc_attr(native_class=False)``: plain
+classes whose methods are compiled), its request and the upstream client
+(``server_request``, ``upstream``, ``upstream_conn``) build too. Left out: the pydantic
+config modules (``admission_config``, ``routing_config``, ``cache_config``: compiled
+references to pydantic's modules do not build) and modules off the call path (autoscaler,
+simulator, prefix index, semantic cache); in the gateway ``upstream_response`` (exceptions
+subclassing aiohttp's, an async generator) and ``hedge_io`` (async generators).
 
 The C is split per module (``multi_file``) and compiled on every core (``build_ext -j``);
 ``--opt-level`` is mypyc's (3 by default).
@@ -69,7 +70,8 @@ MODULES = (
 GATEWAY_MODULES = (
     "planner", "recorder", "exchange", "relay", "proxy", "app", "tracker", "metrics",
     "request_body", "context", "errors", "hedge", "admission_gate", "router", "reliability",
-    "response_cache", "tracing", "sse_filter", "server_request", "upstream", "upstream_conn",
+    "response_cache", "tracing", "sse_filter", "server", "server_request", "upstream",
+    "upstream_conn",
 )  # fmt: skip
 
 

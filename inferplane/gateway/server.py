@@ -30,11 +30,23 @@ from typing import Any, cast
 from aiohttp import web
 from aiohttp.base_protocol import BaseProtocol
 from aiohttp.tcp_helpers import tcp_nodelay
+from aiohttp.web_runner import AppRunner, TCPSite
 from aiohttp.web_server import Server
 
 from inferplane.gateway.server_request import FrontRequest, Head, encode_response, parse_head
 
 __all__ = ["FRONT_ROUTES", "FrontRoutes", "FrontSite", "start_server", "tune_gc"]
+
+try:
+    # The compiled build (bench/gateway_compile.py, mypyc) compiles the methods of the two
+    # classes built on aiohttp's (whose ``__slots__`` a native class cannot take) as methods
+    # of plain Python classes. mypy_extensions comes with mypy; without it nothing changes.
+    from mypy_extensions import mypyc_attr
+except ImportError:  # pragma: no cover
+
+    def mypyc_attr(*_: object, **__: object) -> Any:  # type: ignore[misc]
+        return lambda cls: cls
+
 
 log = logging.getLogger("inferplane.gateway.server")
 
@@ -104,6 +116,7 @@ def _chain(app: web.Application, handler: Handler) -> Handler:
     return handler
 
 
+@mypyc_attr(native_class=False)
 class FrontProtocol(BaseProtocol):
     """One client connection: hot requests served here, anything else handed to aiohttp."""
 
@@ -250,12 +263,13 @@ class FrontProtocol(BaseProtocol):
         return bool(response.keep_alive)
 
 
-class FrontSite(web.TCPSite):
+@mypyc_attr(native_class=False)
+class FrontSite(TCPSite):
     """A TCP site whose connections go to the front server when the app has hot routes."""
 
     __slots__ = ("_front", "_front_shutdown_s")
 
-    def __init__(self, runner: web.AppRunner, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, runner: AppRunner, *args: Any, **kwargs: Any) -> None:
         self._front_shutdown_s = float(kwargs.pop("front_shutdown_timeout_s", 60.0))
         super().__init__(runner, *args, **kwargs)
         self._front: Front | None = None
@@ -266,7 +280,7 @@ class FrontSite(web.TCPSite):
         return self._front
 
     async def start(self) -> None:
-        runner = cast(web.AppRunner, self._runner)
+        runner = cast(AppRunner, self._runner)
         server = runner.server
         if FRONT_ROUTES not in runner.app or server is None:
             await super().start()
@@ -283,7 +297,8 @@ class FrontSite(web.TCPSite):
             reuse_address=self._reuse_address,
             reuse_port=self._reuse_port,
         )
-        sockets = self._server.sockets
+        # uvloop's server gives a list where typeshed says tuple (compiled code checks it)
+        sockets: list[Any] = list(cast(Any, self._server).sockets)
         self._bound_port = sockets[0].getsockname()[1] if sockets else self._port
 
     async def stop(self) -> None:
@@ -294,13 +309,13 @@ class FrontSite(web.TCPSite):
 
 async def start_server(
     app: web.Application, host: str, port: int, shutdown_timeout_s: float = 60.0
-) -> tuple[web.AppRunner, int]:
+) -> tuple[AppRunner, int]:
     """Start serving ``app``; returns the runner and the bound port (port 0 picks one).
 
     Handler cancellation is on: a client that disconnects cancels its handler, which closes
     the upstream connection and so aborts the engine's work.
     """
-    runner = web.AppRunner(
+    runner = AppRunner(
         app, handler_cancellation=True, access_log=None, shutdown_timeout=shutdown_timeout_s
     )
     await runner.setup()
