@@ -23,7 +23,7 @@ class TaskOutcome(enum.Enum):
     OPEN = "open"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class RequestRecord:
     """One finished (or rejected) request, as the gateway or simulator saw it.
 
@@ -48,13 +48,51 @@ class RequestRecord:
     #: model that served it).
     fallback_from: str | None = None
 
+    # Written out (init=False): mypyc compiles it; a generated __init__ runs interpreted.
+    def __init__(
+        self,
+        request_id: str,
+        tenant: str,
+        model: str,
+        endpoint: str | None,
+        priority: PriorityClass,
+        workflow_id: str | None,
+        workflow_step: int | None,
+        prompt_tokens: int,
+        cached_tokens: int,
+        completion_tokens: int,
+        success: bool,
+        reason: str = "",
+        workflow_steps: int | None = None,
+        fallback_from: str | None = None,
+    ) -> None:
+        object.__setattr__(self, "request_id", request_id)
+        object.__setattr__(self, "tenant", tenant)
+        object.__setattr__(self, "model", model)
+        object.__setattr__(self, "endpoint", endpoint)
+        object.__setattr__(self, "priority", priority)
+        object.__setattr__(self, "workflow_id", workflow_id)
+        object.__setattr__(self, "workflow_step", workflow_step)
+        object.__setattr__(self, "prompt_tokens", prompt_tokens)
+        object.__setattr__(self, "cached_tokens", cached_tokens)
+        object.__setattr__(self, "completion_tokens", completion_tokens)
+        object.__setattr__(self, "success", success)
+        object.__setattr__(self, "reason", reason)
+        object.__setattr__(self, "workflow_steps", workflow_steps)
+        object.__setattr__(self, "fallback_from", fallback_from)
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True, slots=True, init=False)
 class RequestCost:
     """What one request cost: its share of its endpoints' time, all attempts included."""
 
     gpu_seconds: float
     usd: float
+
+    # Written out (init=False): mypyc compiles it; a generated __init__ runs interpreted.
+    def __init__(self, gpu_seconds: float, usd: float) -> None:
+        object.__setattr__(self, "gpu_seconds", gpu_seconds)
+        object.__setattr__(self, "usd", usd)
 
 
 @dataclass(frozen=True, slots=True)

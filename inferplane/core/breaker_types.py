@@ -66,7 +66,7 @@ class BreakerConfig:
             raise ValueError("need latency_min_samples <= recent_samples <= max_samples")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Outcome:
     """One finished attempt on an endpoint: its failure (None: success) and latencies.
 
@@ -79,6 +79,21 @@ class Outcome:
     predicted_ttft_s: float | None = None
     tbt_s: float | None = None  # time between tokens of the attempt (stalls trimmed)
     predicted_tbt_s: float | None = None
+
+    # Written out (init=False): mypyc compiles it; a generated __init__ runs interpreted.
+    def __init__(
+        self,
+        failure: FailureKind | None = None,
+        ttft_s: float | None = None,
+        predicted_ttft_s: float | None = None,
+        tbt_s: float | None = None,
+        predicted_tbt_s: float | None = None,
+    ) -> None:
+        object.__setattr__(self, "failure", failure)
+        object.__setattr__(self, "ttft_s", ttft_s)
+        object.__setattr__(self, "predicted_ttft_s", predicted_ttft_s)
+        object.__setattr__(self, "tbt_s", tbt_s)
+        object.__setattr__(self, "predicted_tbt_s", predicted_tbt_s)
 
 
 @dataclass(frozen=True, slots=True)

@@ -61,13 +61,19 @@ class PayloadKind(enum.Enum):
     SSE = "sse"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Eligibility:
     """Whether a request may be read from / written to the exact cache, and why not."""
 
     read: bool
     write: bool
     reason: str
+
+    # Written out (init=False): mypyc compiles it; a generated __init__ runs interpreted.
+    def __init__(self, read: bool, write: bool, reason: str) -> None:
+        object.__setattr__(self, "read", read)
+        object.__setattr__(self, "write", write)
+        object.__setattr__(self, "reason", reason)
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,12 +42,17 @@ TTFT, TBT = 0, 1
 METRICS = ("TTFT", "TBT")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class LatencyStat:
     """One latency summarised against its prediction (or medians of such)."""
 
     ratio: float  # observed / predicted
     excess_s: float  # observed - predicted
+
+    # Written out (init=False): mypyc compiles it; a generated __init__ runs interpreted.
+    def __init__(self, ratio: float, excess_s: float) -> None:
+        object.__setattr__(self, "ratio", ratio)
+        object.__setattr__(self, "excess_s", excess_s)
 
     @classmethod
     def of(cls, observed_s: float | None, predicted_s: float | None) -> LatencyStat | None:

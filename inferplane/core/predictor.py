@@ -66,7 +66,7 @@ _MAX_MEMO = 4096  # predictions kept between two observations
 _MemoKey = tuple[int, str, int, float]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class LatencyEstimate:
     """A prediction for one call on one endpoint (seconds)."""
 
@@ -76,6 +76,23 @@ class LatencyEstimate:
     prefill_s: float  # the call's own uncached prefill
     raw_ttft_s: float  # before calibration (kept to calibrate against the observation)
     raw_tpot_s: float
+
+    # Written out (init=False): mypyc compiles it; a generated __init__ runs interpreted.
+    def __init__(
+        self,
+        ttft_s: float,
+        tpot_s: float,
+        wait_s: float,
+        prefill_s: float,
+        raw_ttft_s: float,
+        raw_tpot_s: float,
+    ) -> None:
+        object.__setattr__(self, "ttft_s", ttft_s)
+        object.__setattr__(self, "tpot_s", tpot_s)
+        object.__setattr__(self, "wait_s", wait_s)
+        object.__setattr__(self, "prefill_s", prefill_s)
+        object.__setattr__(self, "raw_ttft_s", raw_ttft_s)
+        object.__setattr__(self, "raw_tpot_s", raw_tpot_s)
 
     def e2e_s(self, num_output_tokens: int) -> float:
         return self.ttft_s + self.tpot_s * max(0, num_output_tokens - 1)

@@ -80,7 +80,7 @@ class EndpointLoad:
         return float("inf") if self.observed_at_s is None else max(0.0, now - self.observed_at_s)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class EndpointView:
     """What the core knows about one endpoint at one instant."""
 
@@ -90,6 +90,21 @@ class EndpointView:
     in_flight: int = 0  # requests the gateway itself has outstanding there
     state_since_s: float = 0.0
 
+    # Written out (init=False): mypyc compiles it; a generated __init__ runs interpreted.
+    def __init__(
+        self,
+        info: EndpointInfo,
+        state: EndpointState,
+        load: EndpointLoad | None = None,
+        in_flight: int = 0,
+        state_since_s: float = 0.0,
+    ) -> None:
+        object.__setattr__(self, "info", info)
+        object.__setattr__(self, "state", state)
+        object.__setattr__(self, "load", EndpointLoad() if load is None else load)
+        object.__setattr__(self, "in_flight", in_flight)
+        object.__setattr__(self, "state_since_s", state_since_s)
+
     @property
     def name(self) -> str:
         return self.info.name
@@ -98,7 +113,7 @@ class EndpointView:
         return model in self.info.models
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class CallContext:
     """One call, parsed once at the front door."""
 
@@ -117,6 +132,39 @@ class CallContext:
     stream: bool = False
     prompt_block_keys: tuple[int, ...] = ()
 
+    # Written out (init=False): mypyc compiles it; a generated __init__ runs interpreted.
+    def __init__(
+        self,
+        request_id: str,
+        tenant: str,
+        model: str,
+        priority: PriorityClass,
+        arrival_s: float,
+        num_prompt_tokens: int,
+        max_tokens: int,
+        deadline_s: float | None = None,
+        ttft_budget_s: float | None = None,
+        workflow_id: str | None = None,
+        workflow_step: int | None = None,
+        workflow_steps: int | None = None,
+        stream: bool = False,
+        prompt_block_keys: tuple[int, ...] = (),
+    ) -> None:
+        object.__setattr__(self, "request_id", request_id)
+        object.__setattr__(self, "tenant", tenant)
+        object.__setattr__(self, "model", model)
+        object.__setattr__(self, "priority", priority)
+        object.__setattr__(self, "arrival_s", arrival_s)
+        object.__setattr__(self, "num_prompt_tokens", num_prompt_tokens)
+        object.__setattr__(self, "max_tokens", max_tokens)
+        object.__setattr__(self, "deadline_s", deadline_s)
+        object.__setattr__(self, "ttft_budget_s", ttft_budget_s)
+        object.__setattr__(self, "workflow_id", workflow_id)
+        object.__setattr__(self, "workflow_step", workflow_step)
+        object.__setattr__(self, "workflow_steps", workflow_steps)
+        object.__setattr__(self, "stream", stream)
+        object.__setattr__(self, "prompt_block_keys", prompt_block_keys)
+
 
 @dataclass(frozen=True, slots=True)
 class AxisScore:
@@ -127,13 +175,28 @@ class AxisScore:
     reason: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class RankedEndpoint:
     name: str
     score: float
     axes: tuple[AxisScore, ...] = ()
     predicted_ttft_s: float | None = None  # None: no prediction was made
     meets_budget: bool = True  # the prediction fits the call's latency budget (or none set)
+
+    # Written out (init=False): mypyc compiles it; a generated __init__ runs interpreted.
+    def __init__(
+        self,
+        name: str,
+        score: float,
+        axes: tuple[AxisScore, ...] = (),
+        predicted_ttft_s: float | None = None,
+        meets_budget: bool = True,
+    ) -> None:
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "score", score)
+        object.__setattr__(self, "axes", axes)
+        object.__setattr__(self, "predicted_ttft_s", predicted_ttft_s)
+        object.__setattr__(self, "meets_budget", meets_budget)
 
 
 @dataclass(frozen=True, slots=True)

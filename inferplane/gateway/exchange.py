@@ -19,7 +19,7 @@ MODEL_HEADER = "X-Inferplane-Model"
 FALLBACK_HEADER = "X-Inferplane-Fallback"
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Exchange:
     """What happened to one call, filled in as it goes (owned by one handler)."""
 
@@ -52,6 +52,51 @@ class Exchange:
     model_of: dict[str, str] = field(default_factory=dict)
     #: The route's first target model; serving another one is a fallback.
     primary_model: str = ""
+
+    # Written out (init=False): mypyc compiles it; a generated __init__ runs interpreted.
+    def __init__(
+        self,
+        endpoint: str | None = None,
+        status: int = 0,
+        reason: str = "",
+        attempts: int = 0,
+        prompt_tokens: int = 0,
+        cached_tokens: int = 0,
+        completion_tokens: int = 0,
+        chunks: int = 0,
+        first_token_s: float | None = None,
+        last_chunk_s: float | None = None,
+        completed: bool = False,
+        tbt_s: list[float] | None = None,
+        on_first_token: Callable[[float], None] | None = None,
+        tap: Callable[[bytes], None] | None = None,
+        extra_headers: dict[str, str] | None = None,
+        wasted_prefill_tokens: int = 0,
+        resumptions: int = 0,
+        dispatch_estimate: LatencyEstimate | None = None,
+        model_of: dict[str, str] | None = None,
+        primary_model: str = "",
+    ) -> None:
+        self.endpoint = endpoint
+        self.status = status
+        self.reason = reason
+        self.attempts = attempts
+        self.prompt_tokens = prompt_tokens
+        self.cached_tokens = cached_tokens
+        self.completion_tokens = completion_tokens
+        self.chunks = chunks
+        self.first_token_s = first_token_s
+        self.last_chunk_s = last_chunk_s
+        self.completed = completed
+        self.tbt_s = tbt_s
+        self.on_first_token = on_first_token
+        self.tap = tap
+        self.extra_headers = dict() if extra_headers is None else extra_headers
+        self.wasted_prefill_tokens = wasted_prefill_tokens
+        self.resumptions = resumptions
+        self.dispatch_estimate = dispatch_estimate
+        self.model_of = dict() if model_of is None else model_of
+        self.primary_model = primary_model
 
     def served_model(self) -> str | None:
         """The model the call was (or is being) served as, once an endpoint took it."""
@@ -89,10 +134,16 @@ class Exchange:
 Finisher = Callable[[Exchange], float | None]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Candidate:
     """One endpoint to try and the exact bytes to send it."""
 
     endpoint: str
     url: str
     body: bytes
+
+    # Written out (init=False): mypyc compiles it; a generated __init__ runs interpreted.
+    def __init__(self, endpoint: str, url: str, body: bytes) -> None:
+        object.__setattr__(self, "endpoint", endpoint)
+        object.__setattr__(self, "url", url)
+        object.__setattr__(self, "body", body)

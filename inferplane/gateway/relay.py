@@ -41,7 +41,7 @@ class AttemptFailed(Exception):
         self.kind, self.error, self.sent = kind, error, sent
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class CallState:
     """One call's state across its attempts (owned by one ``forward``)."""
 
@@ -55,6 +55,31 @@ class CallState:
     events: EventFilter | None = None
     continuation: dict[str, Any] | None = None  # the body resuming a broken stream
     attempt_started_s: float = 0.0  # when the current attempt was sent
+
+    # Written out (init=False): mypyc compiles it; a generated __init__ runs interpreted.
+    def __init__(
+        self,
+        request: web.Request,
+        ctx: RequestContext,
+        ex: Exchange,
+        finish: Finisher,
+        tracer: GatewayTracer | None,
+        tried: list[str] | None = None,
+        out: web.StreamResponse | None = None,
+        events: EventFilter | None = None,
+        continuation: dict[str, Any] | None = None,
+        attempt_started_s: float = 0.0,
+    ) -> None:
+        self.request = request
+        self.ctx = ctx
+        self.ex = ex
+        self.finish = finish
+        self.tracer = tracer
+        self.tried = list() if tried is None else tried
+        self.out = out
+        self.events = events
+        self.continuation = continuation
+        self.attempt_started_s = attempt_started_s
 
 
 class Responder:

@@ -52,7 +52,7 @@ log = logging.getLogger("inferplane.gateway.reliability")
 __all__ = ["AttemptTiming", "Reliability"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class AttemptTiming:
     """What one attempt measured and what was predicted for it at dispatch."""
 
@@ -60,6 +60,19 @@ class AttemptTiming:
     predicted_ttft_s: float | None = None
     tbt_s: float | None = None
     predicted_tbt_s: float | None = None
+
+    # Written out (init=False): mypyc compiles it; a generated __init__ runs interpreted.
+    def __init__(
+        self,
+        ttft_s: float | None = None,
+        predicted_ttft_s: float | None = None,
+        tbt_s: float | None = None,
+        predicted_tbt_s: float | None = None,
+    ) -> None:
+        object.__setattr__(self, "ttft_s", ttft_s)
+        object.__setattr__(self, "predicted_ttft_s", predicted_ttft_s)
+        object.__setattr__(self, "tbt_s", tbt_s)
+        object.__setattr__(self, "predicted_tbt_s", predicted_tbt_s)
 
 
 @dataclass(slots=True)

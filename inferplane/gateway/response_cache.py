@@ -53,7 +53,7 @@ _DONE = b"data: [DONE]"
 _FREE = ": inferplane cost_usd=0 cache=hit\n\n"
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class CacheLookup:
     """The outcome of a lookup, and what to store after a miss (``key`` None: nothing)."""
 
@@ -68,6 +68,33 @@ class CacheLookup:
     tenant: str = ""
     model: str = ""
     ttl_s: float = 0.0
+
+    # Written out (init=False): mypyc compiles it; a generated __init__ runs interpreted.
+    def __init__(
+        self,
+        status: CacheStatus,
+        reason: str = "",
+        key: str | None = None,
+        fingerprint: str = "",
+        entry: CacheEntry | None = None,
+        similarity: float | None = None,
+        query: SemanticQuery | None = None,
+        vector: Vector | None = None,
+        tenant: str = "",
+        model: str = "",
+        ttl_s: float = 0.0,
+    ) -> None:
+        self.status = status
+        self.reason = reason
+        self.key = key
+        self.fingerprint = fingerprint
+        self.entry = entry
+        self.similarity = similarity
+        self.query = query
+        self.vector = vector
+        self.tenant = tenant
+        self.model = model
+        self.ttl_s = ttl_s
 
     @property
     def hit(self) -> bool:
