@@ -91,7 +91,7 @@ class RequestFinished:
     num_completion_tokens: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class BlockStored:
     """Full KV blocks became cached (vLLM's BlockStored, one chain segment)."""
 
@@ -101,20 +101,44 @@ class BlockStored:
     token_ids: tuple[int, ...]
     block_size: int
 
+    # Written out (init=False): mypyc compiles it; a generated __init__ runs interpreted.
+    def __init__(
+        self,
+        time_s: float,
+        block_hashes: tuple[int, ...],
+        parent_block_hash: int | None,
+        token_ids: tuple[int, ...],
+        block_size: int,
+    ) -> None:
+        object.__setattr__(self, "time_s", time_s)
+        object.__setattr__(self, "block_hashes", block_hashes)
+        object.__setattr__(self, "parent_block_hash", parent_block_hash)
+        object.__setattr__(self, "token_ids", token_ids)
+        object.__setattr__(self, "block_size", block_size)
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True, slots=True, init=False)
 class BlockRemoved:
     """Cached KV blocks were evicted (vLLM's BlockRemoved)."""
 
     time_s: float
     block_hashes: tuple[int, ...]
 
+    # Written out (init=False): mypyc compiles it; a generated __init__ runs interpreted.
+    def __init__(self, time_s: float, block_hashes: tuple[int, ...]) -> None:
+        object.__setattr__(self, "time_s", time_s)
+        object.__setattr__(self, "block_hashes", block_hashes)
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True, slots=True, init=False)
 class AllBlocksCleared:
     """The whole prefix cache was dropped (restart, reset)."""
 
     time_s: float
+
+    # Written out (init=False): mypyc compiles it; a generated __init__ runs interpreted.
+    def __init__(self, time_s: float) -> None:
+        object.__setattr__(self, "time_s", time_s)
 
 
 @dataclass(frozen=True, slots=True)
