@@ -1,7 +1,7 @@
 """What each gateway costs on a trivial backend: inferplane, sglang-router, vllm-router, LiteLLM.
 
     python bench/overhead_peers.py [--quick] [--gateways inferplane,sglang-router,...]
-        [--workers 1,2] [--out F]
+        [--workers 1,2] [--rounds N] [--out F]
 
 Requests/s and added latency p50/p99 (at saturation, 64 concurrent), direct and through
 each gateway, streaming and not, with the scoreboard's load generator; peers from their
@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from peerlib import gateways as gw
-from peerlib.overhead import measure_overhead, overhead_lines
+from peerlib.overhead import measure_overhead, overhead_lines, overhead_verdicts
 
 RESULTS = Path(__file__).resolve().parent / "results" / "overhead-peers.json"
 
@@ -48,6 +48,7 @@ def _expand(gateways: str, workers: str) -> list[gw.GatewaySpec]:
 def main() -> None:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--rounds", type=int, default=1, help="every gateway measured per round")
     p.add_argument("--gateways", default="inferplane,sglang-router,vllm-router,litellm")
     p.add_argument("--workers", default="1,2", help="inferplane worker counts, a row each")
     p.add_argument("--out", default=str(RESULTS), help="where the JSON results go")
@@ -60,7 +61,8 @@ def main() -> None:
         except gw.PeerUnavailable as exc:
             not_run[spec.label] = str(exc)
     rows = measure_overhead(args, specs, not_run, Path(tempfile.mkdtemp(prefix="overhead-")))
-    lines = overhead_lines(rows) + [f"- {k}: not run: {v}" for k, v in sorted(not_run.items())]
+    lines = overhead_lines(rows) + overhead_verdicts(rows)
+    lines += [f"- {k}: not run: {v}" for k, v in sorted(not_run.items())]
     print("\n".join(lines))
     out = {"rows": rows, "not_run": not_run, "table": lines}
     Path(args.out).write_text(json.dumps(out, indent=1))

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peerlib import gateways as gw
 from peerlib import workloads as wl
 from peerlib.breakdown import breakdown, breakdown_lines
-from peerlib.overhead import measure_overhead, overhead_lines
+from peerlib.overhead import measure_overhead, overhead_lines, overhead_verdicts
 from peerlib.procs import FleetProc, children_cpu_s, cpu_s, run_load
 from peerlib.report import (
     cpu_fields,
@@ -341,6 +341,7 @@ def orchestrate(args: argparse.Namespace) -> None:
             "## overhead: trivial backend, 64 concurrent, closed loop (at saturation)",
             "",
             *overhead_lines(doc["overhead"]),
+            *overhead_verdicts(doc["overhead"]),
         ]
     if not_run:
         lines += ["", "## not run", "", *not_run_lines(not_run)]
