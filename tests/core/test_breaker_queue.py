@@ -16,6 +16,7 @@ import random
 from collections import deque
 from dataclasses import dataclass
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -174,7 +175,8 @@ def _fleet(slots: int, hot_load: float, slow: float = 1.0) -> list[Engine]:
     return [hot, *(Engine(f"e{i}", slots, 0.4) for i in range(7))]
 
 
-@settings(max_examples=30, deadline=None)
+#: The draws are fixed (``derandomize``): a random draw found the false ejection pinned below.
+@settings(max_examples=30, deadline=None, derandomize=True)
 @given(
     seed=st.integers(0, 10_000),
     slots=st.integers(2, 8),
@@ -189,7 +191,18 @@ def test_a_healthy_engine_explained_by_its_own_queue_is_never_ejected(
     assert result.ejected == {}
 
 
-@settings(max_examples=30, deadline=None)
+@pytest.mark.xfail(strict=True, reason="known false ejection, not yet fixed")
+def test_a_queue_forming_before_any_call_finished_is_not_an_outlier() -> None:
+    """Found by a random draw (CI at 963914b; fails at 8ca7a84 too): 6 slots at 1.25x load,
+    streams of 41 tokens. The queue forms at 0.28 s, before the first call has finished, so
+    the predictor's slot wait is unlearned: queued calls see TTFT 0.33-0.41 s against 0.11-0.15
+    predicted, and at ~1.8 s, 9 samples in, the breaker ejects the healthy engine (TTFT 3.11x
+    predicted). Strict: it fails the suite once the breaker or the predictor is fixed."""
+    result = run(_fleet(6, 1.25), 41, True, 45, duration_s=60.0)
+    assert result.ejected == {}
+
+
+@settings(max_examples=30, deadline=None, derandomize=True)
 @given(
     seed=st.integers(0, 10_000),
     slots=st.integers(2, 8),
