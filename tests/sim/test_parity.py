@@ -118,14 +118,26 @@ async def test_sequential_trace_same_decisions_and_engine_timings(tmp_path: Path
     assert min(extra_s) > -1e-3, f"live TTFT below the model's; median extra {median(extra_s)}"
 
 
+#: Calls of the overlapping trace (40) whose admission may differ between live and simulated.
+MAX_ADMISSIONS_DIFFERING = 4
+
+
 @pytest.mark.slow
 async def test_overlapping_trace_bounded_difference(tmp_path: Path) -> None:
     records = shared_prefix_trace(40, 3.75, seed=3, output_tokens=(4, 16))
     quota = {"quotas": {"tenants": {"anonymous": {"max_concurrency": 3}}}}
     live, sim, _ = await _both(records, 4.0, tmp_path, admission=quota)
-    assert [r.status for r in live] == [r.status for r in sim]
+    # The quota counts calls in flight, so a call that lands within a live path's jitter of
+    # another's end is admitted in one body and refused in the other: a bounded share of the
+    # admissions may differ (0 in most runs here, up to 2 of 40 on a slow, CPU-stolen VM).
+    differ = sum(a.status != b.status for a, b in zip(live, sim, strict=True))
+    print(f"admissions that differ: {differ} of {len(sim)}")
+    assert differ <= MAX_ADMISSIONS_DIFFERING, [
+        (a.status, b.status) for a, b in zip(live, sim, strict=True)
+    ]
     refused = [r for r in sim if r.status != 200]
     assert refused and all(r.reason == "quota_max_concurrency" for r in refused)
+    assert all(r.reason == "quota_max_concurrency" for r in live if r.status != 200)
     agreement = rand_agreement([r.endpoint for r in live], [r.endpoint for r in sim])
     assert agreement.same_choice_share >= 0.8, agreement
     assert agreement.adjusted_rand_index >= 0.7, agreement
