@@ -16,6 +16,7 @@ faster Rust router's and LiteLLM's (medians over rounds), and the ratios to dire
 from __future__ import annotations
 
 import argparse
+import statistics
 import subprocess
 import sys
 import time
@@ -134,19 +135,13 @@ def _median_row(label: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
     return row
 
 
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-
-
 def _medians(row: dict[str, Any]) -> tuple[float, float]:
     """(requests/s through the gateway, ratio to direct), plain, medians over rounds."""
     rounds = row.get("rounds") or [
         {"plain": {"calls_s": row["plain"]["gateway"]["calls_s"], "ratio": row["plain"]["ratio"]}}
     ]
-    calls = _median([float(r["plain"]["calls_s"]) for r in rounds])
-    ratio = _median([float(r["plain"]["ratio"] or 0.0) for r in rounds])
+    calls = statistics.median([float(r["plain"]["calls_s"]) for r in rounds])
+    ratio = statistics.median([float(r["plain"]["ratio"] or 0.0) for r in rounds])
     return calls, ratio
 
 

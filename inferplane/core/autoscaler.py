@@ -268,17 +268,19 @@ def _episode(policy: PoolPolicy, signal: PoolSignal, memory: _PoolMemory) -> Bur
     holt = memory.slow if memory.slow.at_s is not None else memory.forecast
     since, horizon_s = memory.reserve.since_s, _horizon_s(policy)
     settled = since is not None and signal.now_s - since >= policy.reserve_baseline_s
-    risen = rise_ratio(
-        requests=signal.requests, tokens=signal.tokens, window_s=signal.window_s,
-        now_s=signal.now_s, rates=memory.rates, z=policy.burst_z,
-        within_s=min(o.cold_start_s for o in policy.options),
-    ) >= policy.burst_on_ratio  # fmt: skip
-    surge = risen or _surge_demand(policy, signal, memory, horizon_s, policy.surge_z) > 0
+    surging = settled and (
+        rise_ratio(
+            requests=signal.requests, tokens=signal.tokens, window_s=signal.window_s,
+            now_s=signal.now_s, rates=memory.rates, z=policy.burst_z,
+            within_s=min(o.cold_start_s for o in policy.options),
+        ) >= policy.burst_on_ratio
+        or _surge_demand(policy, signal, memory, horizon_s, policy.surge_z) > 0
+    )  # fmt: skip
     return memory.episode.observe(
         requests=signal.requests, tokens=signal.tokens, window_s=signal.window_s,
         now_s=signal.now_s, baseline_tokens_per_s=max(holt.level, holt.predict(signal.now_s)),
         z=policy.burst_z, on_ratio=policy.burst_on_ratio, off_ratio=policy.burst_off_ratio,
-        surging=settled and surge,
+        surging=surging,
     )  # fmt: skip
 
 
