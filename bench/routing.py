@@ -35,7 +35,8 @@ On a loaded machine the emulated engines fall behind real time: the ``lag`` colu
 share of the run for which the engines' output trailed their model (timer lateness over
 elapsed time, mean over engines). ``--time-scale 2`` runs everything twice as slowly (the
 workload's timeline too) and reports model time; the gateway's own timers (scrape
-interval, speculative-insertion TTL) are not scaled.
+interval, speculative-insertion TTL) are not scaled, except the admission's
+``workflows.abandon_after_s`` (a workflow's tool pauses are stretched too).
 """
 
 from __future__ import annotations
@@ -75,6 +76,8 @@ from routing_workloads import (
     prefix_messages,
     tenant_prompt,
 )
+
+from inferplane.core.admission_config import WorkflowConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "routing.json"
@@ -197,6 +200,10 @@ def _gateway_config(
     gateway["health_timeout_s"] = args.health_timeout_s
     gateway["unhealthy_after"] = args.unhealthy_after
     config: dict[str, Any] = {"gateway": gateway, "endpoints": endpoints, "routing": routing}
+    # A workflow silent this long has died: model seconds, so a tool pause stretched by the
+    # time scale does not read as an abandoned workflow.
+    abandon_s = WorkflowConfig().abandon_after_s * args.time_scale
+    config["admission"] = {"workflows": {"abandon_after_s": abandon_s}}
     if args.no_ejection:
         config["reliability"] = {"breaker": {"enabled": False}}
     path = workdir / "fleet.json"
