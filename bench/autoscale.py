@@ -105,10 +105,18 @@ def scenario(args: argparse.Namespace) -> Scenario:
     )  # fmt: skip
 
 
+def slo_wait_s(args: argparse.Namespace) -> float | None:
+    """The queue wait the loop's burst reserve lets a burst build: ``--burst-slo-wait-s``,
+    by default the TTFT SLO; negative: none (the reserve is the whole burst)."""
+    wait_s = args.slo_ttft_s if args.burst_slo_wait_s is None else args.burst_slo_wait_s
+    return None if wait_s < 0 else wait_s
+
+
 def run_policy(policy: str, replicas: int, args: argparse.Namespace) -> dict[str, Any]:
     scale_loop.POLICY_OVERRIDES.update(
         burst_prior=args.burst_prior, burst_max_factor=max(args.burst_prior, args.burst_max_factor),
         burst_length_s=args.burst_length_s, burst_prior_now=args.burst_prior_now,
+        burst_slo_wait_s=slo_wait_s(args),
     )  # fmt: skip
     sc = scenario(args)
     mode = "off" if policy == "peak" else policy.removesuffix("-open")
@@ -287,6 +295,13 @@ def main() -> None:
         default=None,
         help="the length the loop expects of a burst before one is seen (None: unknown); this "
         "day's closed-loop tasks keep its calls high for minutes after 60 s of arrivals",
+    )
+    parser.add_argument(
+        "--burst-slo-wait-s",
+        type=float,
+        default=None,
+        help="queue wait the loop's burst reserve lets a burst build before a replica bought "
+        "for it serves (None: --slo-ttft-s; negative: none, the reserve is the whole burst)",
     )
     args = parser.parse_args()
     with ProcessPoolExecutor(args.jobs) as pool:

@@ -178,6 +178,13 @@ def pool_config(args: argparse.Namespace) -> AutoscaleConfig:
                            pools=(pool,))  # fmt: skip
 
 
+def slo_wait_s(args: argparse.Namespace) -> float | None:
+    """The queue wait the loop's burst reserve lets a burst build: ``--burst-slo-wait-s``,
+    by default the TTFT SLO; negative: none (the reserve is the whole burst)."""
+    wait_s = args.slo_ttft_s if args.burst_slo_wait_s is None else args.burst_slo_wait_s
+    return None if wait_s < 0 else wait_s
+
+
 async def run_arm(arm: str, replicas: int, args: argparse.Namespace) -> dict[str, Any]:
     slots = EmbeddedFleet.plan(POOL, GPU, args.max_replicas, args.time_scale, prefix=arm)
     holder: list[Gateway] = []
@@ -202,7 +209,8 @@ async def run_arm(arm: str, replicas: int, args: argparse.Namespace) -> dict[str
         overrides = {"burst_prior": args.burst_prior, "burst_memory_s": args.burst_memory_s,
                      "burst_prior_now": args.burst_prior_now,
                      "burst_length_s": args.burst_length_s or None,
-                     "burst_min_serve_s": args.burst_min_serve_s}  # fmt: skip
+                     "burst_min_serve_s": args.burst_min_serve_s,
+                     "burst_slo_wait_s": slo_wait_s(args)}  # fmt: skip
         setup_autoscaling(app, gateway, pool_config(args), fleet, overrides)
     hpa = QueueHpa(gateway, fleet, pool_config(args).policies()[0], args.tick_s)
     runner, port = await start_server(app, "127.0.0.1", 0)
@@ -359,6 +367,13 @@ def main() -> None:
         type=float,
         default=None,
         help="a replica bought during a burst must serve this much of it (None: its cold start)",
+    )
+    parser.add_argument(
+        "--burst-slo-wait-s",
+        type=float,
+        default=None,
+        help="queue wait the loop's burst reserve lets a burst build before a replica bought "
+        "for it serves (None: --slo-ttft-s; negative: none, the reserve is the whole burst)",
     )
     parser.add_argument(
         "--outlier-ejection", action="store_true", help="the breaker on (every arm alike)"

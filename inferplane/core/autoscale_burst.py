@@ -34,10 +34,11 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from inferplane.core.autoscale_policy import PoolPolicy
 from inferplane.core.autoscale_reserve import burst_ratio
 from inferplane.core.autoscale_surge import fitted_line
 
-__all__ = ["BurstEpisode", "late_for_burst", "rise_ratio"]
+__all__ = ["BurstEpisode", "late_cap", "late_for_burst", "rise_ratio"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,3 +146,27 @@ def late_for_burst(
         return 0.0 if recent and falling else None
     left_s = episode.remaining_s(now_s, prior_length_s=prior_length_s, falling=falling)
     return left_s if left_s < cold_start_s + min_serve_s else None
+
+
+def late_cap(
+    policy: PoolPolicy,
+    episode: BurstEpisode,
+    now_s: float,
+    rates: tuple[tuple[float, float], ...],
+    capacity: float,
+    need: float,
+) -> tuple[float, str]:
+    """The need: while a burst is on that will be over before a replica bought now serves
+    ``burst_min_serve_s`` of it, no more than the capacity there is (and why, else "")."""
+    cold_s = min(o.cold_start_s for o in policy.options)
+    serve_s = cold_s if policy.burst_min_serve_s is None else policy.burst_min_serve_s
+    left_s = late_for_burst(
+        episode, now_s, rates=rates, prior_length_s=policy.burst_length_s,
+        cold_start_s=cold_s, min_serve_s=serve_s,
+    )  # fmt: skip
+    if left_s is None or need <= capacity:
+        return need, ""
+    return (
+        capacity,
+        f"burst over in ~{left_s:.0f} s, before a replica bought now serves {serve_s:.0f} s",
+    )

@@ -7,6 +7,7 @@ arithmetic stays short; the knobs are described where they are used.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 __all__ = ["GpuOption", "PoolPolicy"]
@@ -75,6 +76,11 @@ class PoolPolicy:
     burst_min_serve_s: float | None = None
     burst_on_ratio: float = 2.0
     burst_off_ratio: float = 1.5
+    # The queue wait a burst may build before the SLO breaks (its TTFT budget): the reserve
+    # is the least capacity that keeps the wait within it until a replica bought when the
+    # burst is seen serves, scaled by what the fleet has carried within its SLO over the
+    # model (core/autoscale_absorb.py). None: the reserve is the whole burst.
+    burst_slo_wait_s: float | None = None
 
     def __post_init__(self) -> None:
         if not self.options:
@@ -103,6 +109,8 @@ class PoolPolicy:
         lengths = (self.burst_length_s or 0.0, self.burst_min_serve_s or 0.0)
         if min(lengths) < 0 or not 1 < self.burst_off_ratio <= self.burst_on_ratio:
             raise ValueError(f"pool {self.pool!r}: burst lengths >= 0, 1 < off <= on ratio")
+        if self.burst_slo_wait_s is not None and not 0 <= self.burst_slo_wait_s < math.inf:
+            raise ValueError(f"pool {self.pool!r}: burst_slo_wait_s finite and >= 0")
 
     @property
     def memory_s(self) -> float:

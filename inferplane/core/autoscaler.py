@@ -28,7 +28,10 @@ How the desired size is found:
   with ``burst_memory_s``, capped by the highest rate seen)
   (:mod:`inferplane.core.autoscale_reserve`): it covers a burst's first cold start. The
   prior's part buys replicas; the learned part only keeps those a burst brought (it holds
-  them in the scale-down window) and buys none once the burst is over.
+  them in the scale-down window) and buys none once the burst is over. With
+  ``burst_slo_wait_s`` each part is the least capacity whose queue keeps its wait within it
+  until a replica bought when the burst is seen serves, at what the fleet has carried
+  within its SLO (:mod:`inferplane.core.autoscale_absorb`).
 * **learned utilisation**: the fraction of each replica's modelled throughput planned for
   starts at ``target_utilisation`` and rises while the SLO holds at load, up to
   ``max_utilisation``; an SLO miss resets it and lowers its ceiling
@@ -53,7 +56,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from inferplane.core.autoscale_burst import BurstEpisode, late_for_burst, rise_ratio
+from inferplane.core.autoscale_absorb import Carried, slo_reserve
+from inferplane.core.autoscale_burst import BurstEpisode, late_cap, rise_ratio
 from inferplane.core.autoscale_learn import Learned, learned_utilisation
 from inferplane.core.autoscale_plan import ScaleAction, plan
 from inferplane.core.autoscale_plan import capacity as _capacity
@@ -113,6 +117,7 @@ class _PoolMemory:
     slow: HoltForecast = field(default_factory=HoltForecast)  # the reserve's baseline demand
     learned: Learned = field(default_factory=Learned)  # utilisation planned for, from the SLO
     episode: BurstEpisode = field(default_factory=BurstEpisode)  # the burst on now, lengths
+    carried: Carried = field(default_factory=Carried)  # carried within the SLO over the model
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,13 +204,21 @@ def _decide_pool(
     reserve, slow, (kept, bought) = _reserve(
         policy, signal, memory, forecast, (demand, need), bursting=episode.on
     )
+    carried = _carried(policy, signal, memory.carried)
+    kept, bought = (
+        slo_reserve(
+            policy, part, backlog_tokens=signal.backlog_tokens, burst_length_s=episode.length_s,
+            carried_ratio=carried.ratio_at(now, policy.quiet_s),
+        )
+        for part in (kept, bought)
+    )  # fmt: skip
     if bought / policy.reserve_utilisation > need:
         need = bought / policy.reserve_utilisation
         reasons.append(
             f"burst reserve {bought:.0f} tok/s (x{bought / max(demand, 1e-9):.1f} demand)"
         )
     rates = (*memory.rates, (now, signal.tokens_per_s))[-policy.surge_windows :]
-    need, late = _late_cap(policy, episode, now, rates, capacity, need)
+    need, late = late_cap(policy, episode, now, rates, capacity, need)
     if late:
         reasons.append(late)
     held = max(need, kept / policy.reserve_utilisation)  # the learned reserve only holds
@@ -228,7 +241,9 @@ def _decide_pool(
         need_tokens_per_s=need,
         reason="; ".join(reasons),
     )
-    after = _PoolMemory(holt, needs[-256:], last_up, rates, reserve, slow, learned, episode)
+    after = _PoolMemory(
+        holt, needs[-256:], last_up, rates, reserve, slow, learned, episode, carried
+    )
     return decision, after
 
 
@@ -284,30 +299,6 @@ def _episode(policy: PoolPolicy, signal: PoolSignal, memory: _PoolMemory) -> Bur
     )  # fmt: skip
 
 
-def _late_cap(
-    policy: PoolPolicy,
-    episode: BurstEpisode,
-    now_s: float,
-    rates: tuple[tuple[float, float], ...],
-    capacity: float,
-    need: float,
-) -> tuple[float, str]:
-    """The need: while a burst is on that will be over before a replica bought now serves
-    ``burst_min_serve_s`` of it, no more than the capacity there is (and why, else "")."""
-    cold_s = min(o.cold_start_s for o in policy.options)
-    serve_s = cold_s if policy.burst_min_serve_s is None else policy.burst_min_serve_s
-    left_s = late_for_burst(
-        episode, now_s, rates=rates, prior_length_s=policy.burst_length_s,
-        cold_start_s=cold_s, min_serve_s=serve_s,
-    )  # fmt: skip
-    if left_s is None or need <= capacity:
-        return need, ""
-    return (
-        capacity,
-        f"burst over in ~{left_s:.0f} s, before a replica bought now serves {serve_s:.0f} s",
-    )
-
-
 def _reserve(
     policy: PoolPolicy,
     signal: PoolSignal,
@@ -352,6 +343,20 @@ def _prior_now(policy: PoolPolicy, reserve: BurstReserve, demand: float, cap: fl
     its traffic: the level rises from 0 and would hold the spare back)."""
     low = min((demand, *(v for _, v in reserve.quiet)))
     return min(demand + (policy.burst_prior_now - 1.0) * low, cap)
+
+
+def _carried(policy: PoolPolicy, signal: PoolSignal, carried: Carried) -> Carried:
+    """What the serving replicas carried within the SLO over their modelled capacity
+    (:class:`~inferplane.core.autoscale_absorb.Carried`; unchanged without a burst wait)."""
+    if policy.burst_slo_wait_s is None:
+        return carried
+    return carried.observe(
+        requests=signal.requests, tokens=signal.tokens, window_s=signal.window_s,
+        now_s=signal.now_s, modelled_tokens_per_s=_capacity(policy, signal.serving),
+        backlog_tokens=signal.backlog_tokens, slo_attainment=signal.slo_attainment,
+        slo_target=policy.slo_target, wait_s=policy.burst_slo_wait_s, z=policy.burst_z,
+        memory_s=policy.quiet_s,
+    )  # fmt: skip
 
 
 def _observe_reserve(policy: PoolPolicy, signal: PoolSignal, memory: _PoolMemory) -> BurstReserve:

@@ -60,6 +60,10 @@ class PoolScaleConfig(_Frozen):
     # one must serve it (None: its cold start).
     burst_length_s: float | None = Field(default=None, ge=0)
     burst_min_serve_s: float | None = Field(default=None, ge=0)
+    # The queue wait a burst may build before the SLO breaks (the TTFT budget): the reserve
+    # keeps only the capacity that holds it there until a replica bought for the burst
+    # serves (core/autoscale_absorb.py; None: the whole burst).
+    burst_slo_wait_s: float | None = Field(default=None, ge=0)
 
     @model_validator(mode="after")
     def _bounds(self) -> PoolScaleConfig:
@@ -103,6 +107,7 @@ class AutoscaleConfig(_Frozen):
                 burst_prior_now=p.burst_prior_now,
                 burst_length_s=p.burst_length_s,
                 burst_min_serve_s=p.burst_min_serve_s,
+                burst_slo_wait_s=p.burst_slo_wait_s,
             )
             for p in self.pools
         ]

@@ -34,6 +34,7 @@ def test_defaults_are_off() -> None:
         {"model": "m", "gpus": ["h100"], "burst_min_serve_s": -1},
         {"model": "m", "gpus": ["h100"], "max_utilisation": 1.5},
         {"model": "m", "gpus": ["h100"], "utilisation_step": 0},
+        {"model": "m", "gpus": ["h100"], "burst_slo_wait_s": -1},
     ],
 )
 def test_bad_pools_are_refused(bad: dict[str, object]) -> None:
@@ -83,3 +84,12 @@ def test_burst_length_and_min_serve_reach_the_core_policy() -> None:
     (default,) = AutoscaleConfig.model_validate({"pools": [plain]}).policies()
     assert default.burst_length_s is None and default.burst_min_serve_s is None
     assert default.burst_prior_now == 1.0
+
+
+def test_burst_slo_wait_reaches_the_core_policy() -> None:
+    pool = {"model": "llama-3-8b", "gpus": ["h100"], "burst_slo_wait_s": 3}
+    (policy,) = AutoscaleConfig.model_validate({"enabled": True, "pools": [pool]}).policies()
+    assert policy.burst_slo_wait_s == 3.0
+    plain = {"model": "llama-3-8b", "gpus": ["h100"]}
+    (default,) = AutoscaleConfig.model_validate({"pools": [plain]}).policies()
+    assert default.burst_slo_wait_s is None
