@@ -57,13 +57,28 @@ _OTHER_KEY = "(other)"
 TOP_WORKFLOWS = 10
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class _Open:
     endpoint: str
     start_share_s: float
     carried_usd: float = 0.0  # earlier attempts of the same request (failover)
     carried_gpu_s: float = 0.0
     workflow_id: str | None = None
+
+    # Written out (init=False): mypyc compiles it; a generated __init__ runs interpreted.
+    def __init__(
+        self,
+        endpoint: str,
+        start_share_s: float,
+        carried_usd: float = 0.0,
+        carried_gpu_s: float = 0.0,
+        workflow_id: str | None = None,
+    ) -> None:
+        self.endpoint = endpoint
+        self.start_share_s = start_share_s
+        self.carried_usd = carried_usd
+        self.carried_gpu_s = carried_gpu_s
+        self.workflow_id = workflow_id
 
 
 @dataclass(slots=True)

@@ -199,12 +199,17 @@ class RankedEndpoint:
         object.__setattr__(self, "meets_budget", meets_budget)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class RouteDecision:
     """Endpoints in order of preference (primary first, then fallbacks) and why."""
 
     ranked: tuple[RankedEndpoint, ...]
     reason: str
+
+    # Written out (init=False): mypyc compiles it; a generated __init__ runs interpreted.
+    def __init__(self, ranked: tuple[RankedEndpoint, ...], reason: str) -> None:
+        object.__setattr__(self, "ranked", ranked)
+        object.__setattr__(self, "reason", reason)
 
     @property
     def primary(self) -> str | None:

@@ -239,7 +239,8 @@ class Gateway:
             )
         with tracer.hop("cache") as span:
             found = await self.cache.lookup(ctx, body, request.headers)
-            span.set_attribute("inferplane.cache", found.status.value)
+            if tracer.enabled:  # off: no call on the shared no-op span
+                span.set_attribute("inferplane.cache", found.status.value)
         if found.hit:
             return await self.cache.respond(request, found, ctx.request_id)
         admitted: CallContext | None = None
@@ -252,7 +253,8 @@ class Gateway:
             call = admission_call(self, ctx)
             with tracer.hop("admit") as span:
                 queued_s = await self.gate.enter(call, ctx.api_key_name, len(raw))
-                span.set_attribute("inferplane.queued_s", queued_s)
+                if tracer.enabled:
+                    span.set_attribute("inferplane.queued_s", queued_s)
             admitted = call
             candidates, calls, reason = plan_call(self, ctx, raw, body, call)
             if not candidates:
@@ -296,7 +298,8 @@ class Gateway:
                 now = self.clock()
                 with self.tracer.hop("account") as span:
                     cost.append(self.recorder.finish(ctx, done, reason, now))
-                    span.set_attribute("inferplane.cost_usd", cost[0])
+                    if self.tracer.enabled:
+                        span.set_attribute("inferplane.cost_usd", cost[0])
                 ok = done.completed and done.endpoint is not None
                 usage = (done.prompt_tokens, done.cached_tokens) if ok else None
                 router.on_finish(key, now, tpot_s=done.tpot_s(), usage=usage)

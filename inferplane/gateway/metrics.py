@@ -12,15 +12,25 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
 from inferplane.core.types import EndpointState
+from inferplane.gateway.metric_series import (
+    CounterChild,
+    CounterSeries,
+    HistogramChild,
+    HistogramSeries,
+)
 
 _LATENCY_BUCKETS_S = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
 )  # fmt: skip
 _TBT_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 5.0)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+#: One (model, class)'s children: TTFT, TBT, e2e; prompt, cached, completion tokens.
+_RequestSeries = tuple[
+    HistogramChild, HistogramChild, HistogramChild, CounterChild, CounterChild, CounterChild
+]
 _KV_KINDS = ("messages", "events_applied", "gaps", "gaps_healed", "messages_lost", "clears")
 
 
@@ -31,9 +41,9 @@ class GatewayMetrics:
         r = self.registry = CollectorRegistry(auto_describe=True)
         # Label children cached per key: ``labels()`` is the costly part of an observation.
         # Bounded: models and priorities come from the config, statuses from HTTP.
-        self._series: dict[tuple[str, str], tuple[Any, ...]] = {}
-        self._requests: dict[tuple[str, str, str], Any] = {}
-        self._admission: dict[tuple[str, str, str], Any] = {}
+        self._series: dict[tuple[str, str], _RequestSeries] = {}
+        self._requests: dict[tuple[str, str, str], CounterChild] = {}
+        self._admission: dict[tuple[str, str, str], CounterChild] = {}
         self._request_series(r)
         self._fleet_series(r)
         self._routing_series(r)
@@ -42,34 +52,34 @@ class GatewayMetrics:
     def _request_series(self, r: CollectorRegistry) -> None:
         """Latency per model and class; requests, rejects, retries, fallbacks, tokens."""
         lp = ("model", "priority")
-        self.ttft = Histogram(
+        self.ttft = HistogramSeries(
             "inferplane_ttft_seconds", "Time to first token.", lp, buckets=_LATENCY_BUCKETS_S,
             registry=r,
         )  # fmt: skip
-        self.tbt = Histogram(
+        self.tbt = HistogramSeries(
             "inferplane_tbt_seconds", "Time between streamed tokens.", lp,
             buckets=_TBT_BUCKETS_S, registry=r,
         )  # fmt: skip
-        self.e2e = Histogram(
+        self.e2e = HistogramSeries(
             "inferplane_e2e_seconds", "End-to-end request latency.", lp,
             buckets=_LATENCY_BUCKETS_S, registry=r,
         )  # fmt: skip
-        self.requests = Counter(
+        self.requests = CounterSeries(
             "inferplane_requests", "Requests finished, by outcome.",
             ("model", "priority", "status"), registry=r,
         )  # fmt: skip
-        self.rejects = Counter(
+        self.rejects = CounterSeries(
             "inferplane_rejects", "Requests refused by the gateway, by reason.", ("reason",),
             registry=r,
         )  # fmt: skip
-        self.retries = Counter(
-            "inferplane_retries", "Attempts re-sent to another endpoint.", ("reason",), registry=r
+        self.retries = CounterSeries(
+            "inferplane_retries", "Attempts re-sent to another endpoint.", ("reason",), r
         )
-        self.fallbacks = Counter(
+        self.fallbacks = CounterSeries(
             "inferplane_fallbacks", "Calls served by a fallback model of their route.",
             ("route", "model"), registry=r,
         )  # fmt: skip
-        self.tokens = Counter(
+        self.tokens = CounterSeries(
             "inferplane_tokens", "Tokens served, by kind (prompt, cached, completion).",
             ("model", "kind"), registry=r,
         )  # fmt: skip
@@ -115,12 +125,12 @@ class GatewayMetrics:
 
     def _admission_series(self, r: CollectorRegistry) -> None:
         """Admission decisions and queue, response cache, shared-state mode."""
-        self.admission = Counter(
+        self.admission = CounterSeries(
             "inferplane_admission_decisions", "Admission decisions and queue exits: decision "
             "(admitted, queued, rejected, dispatched, expired, evicted, cancelled) and reason.",
             ("decision", "reason", "priority"), registry=r,
         )  # fmt: skip
-        self.queue_time = Histogram(
+        self.queue_time = HistogramSeries(
             "inferplane_admission_queue_seconds", "Time queued calls waited, by class and exit.",
             ("priority", "exit"), buckets=_LATENCY_BUCKETS_S, registry=r,
         )  # fmt: skip

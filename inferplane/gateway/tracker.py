@@ -75,7 +75,7 @@ class _Tracked:
     ttfts_s: deque[float] = field(default_factory=lambda: deque(maxlen=_RECENT_TTFTS))
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class _ViewCache:
     """Views built at ``built_s`` for tracker version ``version`` (module docstring)."""
 
@@ -86,6 +86,21 @@ class _ViewCache:
     by_name: dict[str, EndpointView] = field(default_factory=dict)
     #: model (None: every endpoint) -> its endpoints' views, built on first ask
     pools: dict[str | None, list[EndpointView]] = field(default_factory=dict)
+
+    # Written out (init=False): mypyc compiles it; a generated __init__ runs interpreted.
+    def __init__(
+        self,
+        version: int = -1,
+        built_s: float = math.inf,
+        oldest_fresh_s: float | None = None,
+        by_name: dict[str, EndpointView] | None = None,
+        pools: dict[str | None, list[EndpointView]] | None = None,
+    ) -> None:
+        self.version = version
+        self.built_s = built_s
+        self.oldest_fresh_s = oldest_fresh_s
+        self.by_name = {} if by_name is None else by_name
+        self.pools = {} if pools is None else pools
 
 
 class EndpointTracker:

@@ -1,19 +1,25 @@
-"""What callers of the upstream client hold: the response and its headers, and the errors.
+"""What callers of the upstream client hold: the response and its headers (the errors are in
+:mod:`upstream_errors`, re-exported here).
 
 :class:`UpstreamResponse` is fed by its connection (``upstream_conn``) and read by the proxy
 as aiohttp's ``ClientResponse`` would be (``status``, ``headers.get``, ``read``,
-``content.readany``/``iter_any``, ``close``/``release``, ``async with``). The errors subclass
-aiohttp's, so the proxy's handling is the same for both clients.
+``content.readany``/``iter_any``, ``close``/``release``, ``async with``). It is on every
+call's path and compiles with it (``bench/gateway_compile.py``), so it holds no async
+generator: ``iter_any`` returns an iterator object.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-import aiohttp
+from inferplane.gateway.upstream_errors import (
+    UpstreamClosed,
+    UpstreamConnectError,
+    UpstreamDisconnected,
+    UpstreamProtocolError,
+)
 
 if TYPE_CHECKING:
     from inferplane.gateway.upstream_conn import Connection
@@ -26,43 +32,6 @@ __all__ = [
     "UpstreamProtocolError",
     "UpstreamResponse",
 ]
-
-
-class UpstreamConnectError(aiohttp.ClientConnectorError):
-    """The engine could not be reached (refused, unreachable): no request was sent."""
-
-    def __init__(self, host: str, port: int, os_error: OSError) -> None:
-        self._where = (host, port)
-        self._os_error = os_error
-        OSError.__init__(self, os_error.errno, os_error.strerror)
-        self.args = (host, port, os_error)
-
-    @property
-    def host(self) -> str:
-        return self._where[0]
-
-    @property
-    def port(self) -> int | None:
-        return self._where[1]
-
-    @property
-    def ssl(self) -> bool:
-        return False
-
-    def __str__(self) -> str:
-        return f"cannot connect to {self._where[0]}:{self._where[1]} [{self.strerror}]"
-
-
-class UpstreamDisconnected(aiohttp.ServerDisconnectedError):
-    """The engine closed the connection before its answer was complete."""
-
-
-class UpstreamProtocolError(aiohttp.ClientPayloadError):
-    """The engine's answer is not valid HTTP/1.1 (bad status line, header or chunk)."""
-
-
-class UpstreamClosed(aiohttp.ClientConnectionError):
-    """The response was closed by its reader (or the client shut down)."""
 
 
 class UpstreamResponse:
@@ -164,10 +133,9 @@ class UpstreamResponse:
         self._chunks = []
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
-    async def iter_any(self) -> AsyncIterator[bytes]:
-        """``readany`` until the body ends."""
-        while data := await self.readany():
-            yield data
+    def iter_any(self) -> BodyChunks:
+        """``readany`` until the body ends (``async for``)."""
+        return BodyChunks(self)
 
     def close(self) -> None:
         """Stop reading: an unfinished answer's connection is aborted (the engine sees it)."""
@@ -219,3 +187,21 @@ class ResponseHeaders:
 
     def items(self) -> list[tuple[str, str]]:
         return list(self._by_name.items())
+
+
+class BodyChunks:
+    """``async for data in resp.content.iter_any()``: the body's bytes as they arrive."""
+
+    __slots__ = ("_resp",)
+
+    def __init__(self, resp: UpstreamResponse) -> None:
+        self._resp = resp
+
+    def __aiter__(self) -> BodyChunks:
+        return self
+
+    async def __anext__(self) -> bytes:
+        data = await self._resp.readany()
+        if not data:
+            raise StopAsyncIteration
+        return data
