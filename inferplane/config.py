@@ -214,6 +214,9 @@ class FleetConfig(_Frozen):
                 raise ValueError(
                     f"route {route.name!r} targets models no endpoint serves: {', '.join(missing)}"
                 )
+        unserved = [p.model for p in self.autoscale.pools if p.model not in served]
+        if unserved:  # a pool is sized on the calls for its model: none would come
+            raise ValueError(f"autoscale pools name models no endpoint serves: {unserved}")
         return self
 
     def served_models(self) -> tuple[str, ...]:

@@ -7,14 +7,15 @@ them (``gateway.tracing``, ``gateway.autoscale``) re-export them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 if TYPE_CHECKING:
-    from inferplane.core.autoscaler import PoolPolicy
+    from inferplane.core.autoscaler import GpuOption, PoolPolicy
 
-__all__ = ["AutoscaleConfig", "PoolScaleConfig", "TracingConfig"]
+__all__ = ["AutoscaleConfig", "GpuReplicaConfig", "PoolScaleConfig", "TracingConfig"]
 
 
 class _Frozen(BaseModel):
@@ -28,6 +29,24 @@ class TracingConfig(_Frozen):
     service_name: str = "inferplane-gateway"
     sample_ratio: float = Field(default=1.0, ge=0, le=1)  # for calls with no sampled parent
     otlp_endpoint: str | None = None  # e.g. http://collector:4318/v1/traces; None: no export
+
+
+class GpuReplicaConfig(_Frozen):
+    """One replica of a pool's model on one GPU type, as deployed: what the autoscaler buys.
+
+    A field left out comes from the emulated engine profile of the model on that GPU (scaled
+    by ``time_scale``); a model with no profile (a real deployment's model) must give all
+    three. Values given here are used as they are (``time_scale`` does not scale them).
+    """
+
+    tokens_per_s: float | None = Field(default=None, gt=0)  # sustained prompt + output tokens
+    cold_start_s: float | None = Field(default=None, ge=0)  # from start to serving
+    price_per_hour_usd: float | None = Field(default=None, ge=0)  # per replica (all its GPUs)
+
+    @property
+    def complete(self) -> bool:
+        """Whether it needs no engine profile."""
+        return None not in (self.tokens_per_s, self.cold_start_s, self.price_per_hour_usd)
 
 
 class PoolScaleConfig(_Frozen):
@@ -64,6 +83,9 @@ class PoolScaleConfig(_Frozen):
     # keeps only the capacity that holds it there until a replica bought for the burst
     # serves (core/autoscale_absorb.py; None: the whole burst).
     burst_slo_wait_s: float | None = Field(default=None, ge=0)
+    # Per GPU type: one replica's throughput, cold start and price as deployed (GPU types
+    # left out, and fields left out, come from the emulated profile, which must then exist).
+    replica: Mapping[str, GpuReplicaConfig] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _bounds(self) -> PoolScaleConfig:
@@ -71,7 +93,42 @@ class PoolScaleConfig(_Frozen):
             raise ValueError("min_replicas must be <= max_replicas")
         if max(self.burst_prior, self.burst_prior_now) > self.burst_max_factor:
             raise ValueError("burst_prior and burst_prior_now must be <= burst_max_factor")
+        unknown = sorted(set(self.replica) - set(self.gpus))
+        if unknown:
+            raise ValueError(f"replica: GPU types {unknown} are not in gpus {list(self.gpus)}")
+        for gpu in self.gpus:
+            spec = self.replica.get(gpu)
+            if spec is None or not spec.complete:
+                _require_profile(self.model, gpu)
         return self
+
+    def option(self, gpu: str, time_scale: float) -> GpuOption:
+        """One replica on ``gpu``: the given values, the rest from the engine profile."""
+        from inferplane.core.autoscaler import GpuOption
+
+        spec = self.replica.get(gpu, GpuReplicaConfig())
+        tokens, cold, price = spec.tokens_per_s, spec.cold_start_s, spec.price_per_hour_usd
+        if tokens is None or cold is None or price is None:
+            from inferplane.engine.sizing import gpu_option
+
+            modelled = gpu_option(self.model, gpu, time_scale=time_scale)
+            tokens = modelled.tokens_per_s if tokens is None else tokens
+            cold = modelled.cold_start_s if cold is None else cold
+            price = modelled.price_per_hour_usd if price is None else price
+        return GpuOption(gpu=gpu, price_per_hour_usd=price, tokens_per_s=tokens, cold_start_s=cold)
+
+
+def _require_profile(model: str, gpu: str) -> None:
+    """A clear error when the replica values must come from an emulated profile there is not."""
+    from inferplane.engine.profiles import load_profile
+
+    try:
+        load_profile(model, gpu)
+    except ValueError as exc:
+        raise ValueError(
+            f"no emulated profile for {model!r} on {gpu!r} ({exc}); give "
+            f"replica.{gpu}: tokens_per_s, cold_start_s and price_per_hour_usd"
+        ) from None
 
 
 class AutoscaleConfig(_Frozen):
@@ -83,14 +140,13 @@ class AutoscaleConfig(_Frozen):
     pools: tuple[PoolScaleConfig, ...] = ()
 
     def policies(self) -> list[PoolPolicy]:
-        """The core's pool policies, GPU options sized from the engine profiles."""
+        """The core's pool policies, GPU options from ``replica`` or the engine profiles."""
         from inferplane.core.autoscaler import PoolPolicy
-        from inferplane.engine.sizing import gpu_option
 
         return [
             PoolPolicy(
                 pool=p.model,
-                options=tuple(gpu_option(p.model, g, time_scale=self.time_scale) for g in p.gpus),
+                options=tuple(p.option(g, self.time_scale) for g in p.gpus),
                 min_replicas=p.min_replicas,
                 max_replicas=p.max_replicas,
                 target_utilisation=p.target_utilisation,
