@@ -355,7 +355,7 @@ def _carried(policy: PoolPolicy, signal: PoolSignal, carried: Carried) -> Carrie
         now_s=signal.now_s, modelled_tokens_per_s=_capacity(policy, signal.serving),
         backlog_tokens=signal.backlog_tokens, slo_attainment=signal.slo_attainment,
         slo_target=policy.slo_target, wait_s=policy.burst_slo_wait_s, z=policy.burst_z,
-        memory_s=policy.quiet_s,
+        span_s=_horizon_s(policy), memory_s=policy.quiet_s,
     )  # fmt: skip
 
 

@@ -73,7 +73,7 @@ def _carried(c: Carried, **kw: object) -> Carried:
     base: dict[str, object] = {
         "requests": 400, "tokens": 400 * TOKENS_PER_CALL, "window_s": 5.0, "now_s": 100.0,
         "modelled_tokens_per_s": 20_000.0, "backlog_tokens": 0.0, "slo_attainment": 1.0,
-        "slo_target": 0.95, "wait_s": 3.0, "z": 2.0, "memory_s": 600.0,
+        "slo_target": 0.95, "wait_s": 3.0, "z": 2.0, "span_s": 30.0, "memory_s": 600.0,
     }  # fmt: skip
     return c.observe(**{**base, **kw})  # type: ignore[arg-type]
 
@@ -92,6 +92,30 @@ def test_carried_counts_only_windows_within_the_slo_and_their_backlog_within_the
     assert later.ratio_at(701.0, 600.0) == 1.0
     under = _carried(Carried(), requests=40, tokens=40 * TOKENS_PER_CALL)  # 0.4x the model
     assert under.ratio_at(100.0, 600.0) == 1.0
+
+
+def _over_span(c: Carried, n: int, **kw: object) -> Carried:
+    """``n`` windows of 25 calls (5,000 tok/s each) on 4,000 tok/s modelled, 5 s apart."""
+    for i in range(n):
+        c = _carried(c, requests=25, tokens=25 * TOKENS_PER_CALL, now_s=5.0 * (i + 1),
+                     modelled_tokens_per_s=4000.0, **kw)  # fmt: skip
+    return c
+
+
+def test_a_span_of_windows_shows_what_one_windows_few_calls_cannot() -> None:
+    # 25 calls a window read at their lower bound are 16: 3,200 tok/s, under the model's 4,000.
+    assert _over_span(Carried(), 1).ratio_at(5.0, 600.0) == 1.0
+    # Six windows, 150 calls: (sqrt(150) - 1)^2 / 150 = 0.84 of 1.25x the model.
+    six = _over_span(Carried(), 6).ratio_at(30.0, 600.0)
+    assert six == pytest.approx((math.sqrt(150) - 1) ** 2 / 150 * 1.25)
+    assert six > 1.0
+    # The span is the last span_s only; a window out of the SLO ends the run.
+    assert _over_span(Carried(), 6, span_s=5.0).ratio_at(30.0, 600.0) == 1.0
+    broken = _carried(_over_span(Carried(), 5), now_s=27.0, slo_attainment=0.5, requests=25,
+                      tokens=25 * TOKENS_PER_CALL, modelled_tokens_per_s=4000.0)  # fmt: skip
+    assert broken.run == () and broken.ratio_at(27.0, 600.0) == pytest.approx(
+        _over_span(Carried(), 5).ratio_at(25.0, 600.0)
+    )
 
 
 def test_the_reserve_is_the_burst_without_a_wait_and_scales_with_what_was_carried() -> None:
