@@ -9,13 +9,16 @@ from pydantic import ValidationError
 from inferplane.config import ConfigError, parse_config
 from inferplane.engine.sizing import gpu_option
 from inferplane.gateway.autoscale import AutoscaleConfig, PoolScaleConfig
+from inferplane.gateway.observability_config import GpuReplicaConfig
 
 REAL = "meta-llama/Llama-3.1-8B-Instruct"  # served by vLLM, no emulated profile
 H100 = {"tokens_per_s": 9000.0, "cold_start_s": 180.0, "price_per_hour_usd": 3.6}
 
 
 def test_a_model_without_a_profile_is_sized_from_the_given_replica_values() -> None:
-    pool = PoolScaleConfig(model=REAL, gpus=("h100",), replica={"h100": H100})
+    pool = PoolScaleConfig.model_validate(
+        {"model": REAL, "gpus": ["h100"], "replica": {"h100": H100}}
+    )
     (policy,) = AutoscaleConfig(enabled=True, time_scale=4.0, pools=(pool,)).policies()
     (option,) = policy.options
     assert policy.pool == REAL
@@ -26,7 +29,9 @@ def test_a_model_without_a_profile_is_sized_from_the_given_replica_values() -> N
 
 def test_given_fields_override_the_profile_and_the_rest_come_from_it() -> None:
     pool = PoolScaleConfig(
-        model="llama-3-8b", gpus=("h100", "a100"), replica={"h100": {"price_per_hour_usd": 2.0}}
+        model="llama-3-8b",
+        gpus=("h100", "a100"),
+        replica={"h100": GpuReplicaConfig(price_per_hour_usd=2.0)},
     )
     h100, a100 = AutoscaleConfig(pools=(pool,)).policies()[0].options
     modelled = gpu_option("llama-3-8b", "h100")
@@ -51,7 +56,7 @@ def test_incomplete_or_stray_replica_values_are_refused(
     replica: dict[str, dict[str, float]], message: str
 ) -> None:
     with pytest.raises(ValidationError, match=message):
-        PoolScaleConfig(model=REAL, gpus=("h100",), replica=replica)
+        PoolScaleConfig.model_validate({"model": REAL, "gpus": ["h100"], "replica": replica})
 
 
 def _fleet(pool_model: str) -> dict[str, object]:
