@@ -39,7 +39,7 @@ from inferplane.core.accounting_types import (
     WorkflowSummary,
 )
 from inferplane.core.spend_meter import SpendMeter
-from inferplane.core.types import EndpointInfo, EndpointState
+from inferplane.core.types import EndpointInfo, EndpointState, client_workflow_id
 
 __all__ = [
     "Accountant",
@@ -95,7 +95,7 @@ class _Workflow:
 
     def summary(self, outcome: TaskOutcome) -> WorkflowSummary:
         return WorkflowSummary(
-            self.workflow_id,
+            client_workflow_id(self.tenant, self.workflow_id),
             self.tenant,
             outcome.value,
             self.steps_done,

@@ -217,3 +217,20 @@ class RouteDecision:
 
     def names(self) -> tuple[str, ...]:
         return tuple(r.name for r in self.ranked)
+
+
+#: Between a tenant and its workflow id in the id the control plane keys workflows by. Client
+#: ids never contain it (the gateway accepts ``[A-Za-z0-9_.:@/+=-]``), so the last one splits.
+WORKFLOW_SCOPE_SEP = "|"
+
+
+def scoped_workflow_id(tenant: str, workflow_id: str) -> str:
+    """The id a tenant's workflow is kept under: two tenants that pick the same id (``job-1``,
+    a session id their agent tool makes up) get two workflows, never one shared record of
+    steps, sunk cost, affinity or spend, and one cannot end the other's."""
+    return f"{tenant}{WORKFLOW_SCOPE_SEP}{workflow_id}"
+
+
+def client_workflow_id(tenant: str, workflow_id: str) -> str:
+    """The id as its tenant's client sent it (``workflow_id`` itself when not scoped)."""
+    return workflow_id.removeprefix(f"{tenant}{WORKFLOW_SCOPE_SEP}")

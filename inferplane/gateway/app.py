@@ -29,7 +29,7 @@ from aiohttp import web
 from inferplane.config import FleetConfig
 from inferplane.core.accounting import TaskOutcome
 from inferplane.core.state import StateStore
-from inferplane.core.types import CallContext, EndpointState
+from inferplane.core.types import CallContext, EndpointState, scoped_workflow_id
 from inferplane.gateway.admission_gate import AdmissionGate
 from inferplane.gateway.autoscale import setup_autoscaling
 from inferplane.gateway.context import (
@@ -377,15 +377,17 @@ class Gateway:
         return web.Response(body=orjson.dumps(stats_body(self)), content_type="application/json")
 
     async def _end_workflow(self, request: web.Request) -> web.Response:
-        self._auth.caller(request.headers)
+        tenant = self._auth.caller(request.headers).tenant
         workflow_id = request.match_info["workflow_id"]
         body = parse_json_object(await request.read())
         outcome = body.get("outcome")
         if outcome not in (TaskOutcome.SUCCESS.value, TaskOutcome.FAILURE.value):
             raise ApiError(400, "'outcome' must be 'success' or 'failure'", param="outcome")
-        # Admission's ledger (and the shared record) forget it too, not only the accountant.
-        await self.gate.end_workflow(workflow_id)
-        if not self.recorder.end_workflow(workflow_id, TaskOutcome(outcome), self.clock()):
+        # The caller's own workflow only (another tenant's of the same id is another one);
+        # admission's ledger (and the shared record) forget it too, not only the accountant.
+        scoped = scoped_workflow_id(tenant, workflow_id)
+        await self.gate.end_workflow(scoped)
+        if not self.recorder.end_workflow(scoped, TaskOutcome(outcome), self.clock()):
             raise ApiError(
                 404, f"workflow '{workflow_id[:128]}' is not open", code="workflow_not_found"
             )

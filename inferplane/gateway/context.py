@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 from aiohttp import web
 
 from inferplane.config import AuthConfig
-from inferplane.core.types import PriorityClass
+from inferplane.core.types import PriorityClass, scoped_workflow_id
 from inferplane.gateway.errors import ApiError
 from inferplane.gateway.request_body import (
     ApiKind,
@@ -229,6 +229,12 @@ def _flag(found: Mapping[str, str], name: str, default: bool) -> bool:
     raise ApiError(400, f"{name} must be true or false", param=name)
 
 
+def _tenant_workflow(tenant: str, found: Mapping[str, str]) -> str | None:
+    """The call's workflow id, kept per tenant (``scoped_workflow_id``)."""
+    workflow_id = _workflow_id(found)
+    return None if workflow_id is None else scoped_workflow_id(tenant, workflow_id)
+
+
 def _workflow_id(found: Mapping[str, str]) -> str | None:
     for name in WORKFLOW_HEADERS:
         value = found.get(name.lower())
@@ -268,7 +274,7 @@ def parse_headers(headers: Mapping[str, str], auth: Authenticator, now: float) -
         priority=_priority(found, caller),
         deadline_s=None if deadline_ms is None else now + deadline_ms,
         ttft_budget_s=_positive_ms(found, "X-TTFT-Budget-Ms"),
-        workflow_id=_workflow_id(found),
+        workflow_id=_tenant_workflow(caller.tenant, found),
         workflow_step=_non_negative_int(found, "X-Workflow-Step"),
         workflow_steps=_non_negative_int(found, "X-Workflow-Steps"),
         allow_fallback=_flag(found, "X-Allow-Fallback", True),

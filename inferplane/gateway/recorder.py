@@ -12,7 +12,7 @@ import logging
 from collections.abc import Sequence
 
 from inferplane.core.accounting import Accountant, AccountingSnapshot, RequestRecord, TaskOutcome
-from inferplane.core.types import EndpointInfo, EndpointState
+from inferplane.core.types import EndpointInfo, EndpointState, client_workflow_id
 from inferplane.gateway.context import RequestContext
 from inferplane.gateway.metrics import GatewayMetrics
 from inferplane.gateway.proxy import Exchange
@@ -132,7 +132,7 @@ class Recorder:
                 "tenant": ctx.tenant,
                 "model": ctx.model,
                 "priority": ctx.priority.value,
-                "workflow_id": ctx.workflow_id,
+                "workflow_id": ctx.workflow_id and client_workflow_id(ctx.tenant, ctx.workflow_id),
                 "stream": ctx.stream,
                 "endpoint": ex.endpoint,
                 "attempts": ex.attempts,

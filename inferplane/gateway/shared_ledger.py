@@ -41,7 +41,7 @@ from aiohttp import web
 
 from inferplane.core.admission import Admission
 from inferplane.core.state import StateStore, WorkflowDelta
-from inferplane.core.types import CallContext
+from inferplane.core.types import CallContext, scoped_workflow_id
 from inferplane.core.workflow_sync import SyncedLedger, coalesce
 from inferplane.core.workflows import WorkflowRecord
 from inferplane.gateway.errors import ApiError
@@ -252,13 +252,15 @@ def setup_workflow_routes(app: web.Application, gw: Gateway) -> None:
     async def show(request: web.Request) -> web.Response:
         tenant = gw._auth.caller(request.headers).tenant
         workflow_id = request.match_info["workflow_id"]
+        scoped = scoped_workflow_id(tenant, workflow_id)  # the caller's own workflow only
         sync = gw.gate.ledger_sync
         if sync is not None:
-            body = await sync.view(workflow_id)
+            body = await sync.view(scoped)
         else:
-            local = gw.gate.core.workflows.get(workflow_id)
-            body = {"workflow_id": workflow_id, "shared": None, "local": _local_json(local),
+            local = gw.gate.core.workflows.get(scoped)
+            body = {"workflow_id": scoped, "shared": None, "local": _local_json(local),
                     "store": gw.state.mode.value}  # fmt: skip
+        body["workflow_id"] = workflow_id
         owner = body["shared"] or body["local"]
         if owner is None or owner["tenant"] != tenant:  # another tenant's: not shown
             raise ApiError(

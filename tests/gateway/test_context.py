@@ -46,7 +46,8 @@ def test_headers_parsed_once() -> None:
     assert h.caller.tenant == "a" and h.request_id == "abc-123"
     assert h.priority is PriorityClass.SHEDDABLE
     assert h.deadline_s == pytest.approx(101.5) and h.ttft_budget_s == pytest.approx(0.2)
-    assert (h.workflow_id, h.workflow_step, h.workflow_steps) == ("sess-1", 3, 9)
+    # kept per tenant: another tenant's sess-1 is another workflow
+    assert (h.workflow_id, h.workflow_step, h.workflow_steps) == ("a|sess-1", 3, 9)
 
 
 def test_priority_is_clamped_to_the_key_ceiling() -> None:

@@ -19,6 +19,7 @@ import aiohttp
 import pytest
 
 from inferplane.config import FleetConfig
+from inferplane.core.types import scoped_workflow_id
 from inferplane.gateway.app import Gateway, start_server
 from inferplane.gateway.shared_ledger import setup_workflow_routes
 from inferplane.state.config import StateBackend, StateConfig
@@ -29,6 +30,8 @@ from tests.state.conftest import SHARED_URL, require_redis
 pytestmark = [pytest.mark.redis]
 
 WF = "wf-shared"
+#: The id the gateways keep it under (the anonymous tenant's; ``scoped_workflow_id``).
+KEY = scoped_workflow_id("anonymous", WF)
 
 
 def redis_config(engines: list[FakeEngine], url: str, prefix: str, **state: Any) -> FleetConfig:
@@ -81,7 +84,7 @@ def judged(gateway: Gateway) -> tuple[int, int, int, int]:
     weighed a call with (``WorkflowLedger.standing`` reads exactly these). Read from the
     ledger rather than by wrapping ``standing``: a compiled build (``make compiled``) has no
     assignable methods."""
-    rec = gateway.gate.core.workflows.get(WF)
+    rec = gateway.gate.core.workflows.get(KEY)
     assert rec is not None
     return rec.steps_done, rec.max_step, rec.retries_used, rec.tokens
 
@@ -99,16 +102,16 @@ async def test_steps_on_one_gateway_are_known_to_the_other(
                 await step(session, url_a, WF, n, 4)
 
             async def a_flushed() -> bool:
-                rec = await store.workflow_get(WF, time.time())
+                rec = await store.workflow_get(KEY, time.time())
                 return rec is not None and rec.steps_done == 3 and rec.in_flight == 0
 
             await until(a_flushed)
-            shared = await store.workflow_get(WF, time.time())
+            shared = await store.workflow_get(KEY, time.time())
             assert shared is not None
             assert (shared.max_step, shared.steps_expected, shared.retries_used) == (3, 4, 0)
             assert shared.tokens == 3 * 15  # the fake engine's usage: 10 prompt + 5 output
             assert shared.cost_usd > 0
-            assert gw_b.gate.core.workflows.get(WF) is None  # B has never seen it
+            assert gw_b.gate.core.workflows.get(KEY) is None  # B has never seen it
 
             await step(session, url_b, WF, 4, 4)
             hydrated = gw_b.gate.ledger_sync
@@ -121,7 +124,7 @@ async def test_steps_on_one_gateway_are_known_to_the_other(
             assert judged(gw_b) == (5, 4, 1, 5 * 15)
 
             async def b_flushed() -> bool:
-                rec = await store.workflow_get(WF, time.time())
+                rec = await store.workflow_get(KEY, time.time())
                 return rec is not None and rec.steps_done == 5 and rec.in_flight == 0
 
             await until(b_flushed)
