@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from inferplane.core.autoscaler import (
     Autoscaler,
@@ -40,8 +40,16 @@ from inferplane.core.autoscaler import (
     ScaleDecision,
 )
 from inferplane.core.types import EndpointState, EndpointView
+from inferplane.gateway.autoscale_demand import (
+    EXCHANGE_ERRORS,
+    PoolCounts,
+    SharedDemand,
+    pool_views,
+    registry_counts,
+)
 from inferplane.gateway.embedded_fleet import EmbeddedFleet, Slot
 from inferplane.gateway.observability_config import AutoscaleConfig, PoolScaleConfig
+from inferplane.state.config import StateBackend
 
 if TYPE_CHECKING:
     from inferplane.gateway.app import Gateway
@@ -57,6 +65,10 @@ WATCH_S = 1.0
 
 #: Decisions the controller keeps with their times (``history``), the oldest dropped first.
 HISTORY_LEN = 2000
+
+#: A process that has not published its demand counters for this long is retired from the
+#: fleet-wide sums (``autoscale_demand``): several watch periods, so a busy loop is not.
+SHARED_TTL_S = 30.0
 
 #: Where ``setup_autoscaling`` leaves its controller once the app has started.
 CONTROLLER_KEY = web.AppKey("inferplane_autoscale", dict)
@@ -91,29 +103,6 @@ class DesiredReplicasGauge:
             self.by_gpu.labels(decision.pool, gpu).set(decision.desired.get(gpu, 0))
 
 
-def _pool_counts(registry: CollectorRegistry) -> dict[str, tuple[float, float, float]]:
-    """Per model: work served (prompt tokens not from cache, plus completion tokens), calls
-    that succeeded, calls finished."""
-    out: dict[str, list[float]] = {}
-    for metric in registry.collect():
-        if metric.name not in ("inferplane_tokens", "inferplane_requests"):
-            continue
-        for sample in metric.samples:
-            if not sample.name.endswith("_total"):
-                continue
-            row = out.setdefault(sample.labels.get("model", ""), [0.0, 0.0, 0.0])
-            if metric.name == "inferplane_tokens":
-                kind = sample.labels.get("kind")
-                if kind in ("prompt", "completion"):
-                    row[0] += sample.value
-                elif kind == "cached":  # a cached prefix costs the engine next to nothing
-                    row[0] -= sample.value
-            else:
-                row[2] += sample.value
-                row[1] += sample.value if sample.labels.get("status") == "200" else 0.0
-    return {m: (r[0], r[1], r[2]) for m, r in out.items()}
-
-
 class AutoscaleController:
     """Sense, decide, act, every tick; keeps the last decisions for ``/v1/autoscale``."""
 
@@ -125,9 +114,12 @@ class AutoscaleController:
         actuators: Sequence[Any],
         fleet: EmbeddedFleet | None = None,
         policy_overrides: Mapping[str, Any] | None = None,
+        shared: SharedDemand | None = None,
     ) -> None:
         self.config = config
         self.fleet = fleet
+        self.shared = shared  # None: this process's own calls are the demand
+        self.tick_errors = 0  # ticks (or watches) that raised, logged by the loop
         policies = config.policies()
         if policy_overrides:  # core knobs the config does not carry (burst reserve, surge)
             policies = [replace(p, **policy_overrides) for p in policies]
@@ -139,8 +131,40 @@ class AutoscaleController:
         self._views = views
         self._actuators = list(actuators)
         # pool -> (tokens, ok, all, in flight) at the window's start
-        self._last: dict[str, tuple[float, float, float, float]] = {}
+        self._last: dict[str, PoolCounts] = {}
         self._last_s: float | None = None
+        self._fleet_counts: dict[str, PoolCounts] | None = None  # the last shared sums
+
+    @property
+    def demand_scope(self) -> str:
+        """``fleet`` (every gateway process's calls, summed in Redis) or ``local``."""
+        return "local" if self._fleet_counts is None else "fleet"
+
+    def _local_counts(self, views: list[EndpointView]) -> dict[str, PoolCounts]:
+        counts = registry_counts(self._registry)
+        return {
+            pool: PoolCounts(*counts.get(pool, (0.0, 0.0, 0.0)), pool_views(views, pool)[3])
+            for pool in self.autoscaler.policies
+        }
+
+    async def refresh(self, now: float) -> None:
+        """Exchange this process's counters for the fleet's (when shared); on failure the
+        window falls back on this process's own calls. A change of source starts the
+        window's counts afresh (the two are not comparable: that window reads as quiet)."""
+        if self.shared is None:
+            return
+        fleet: dict[str, PoolCounts] | None
+        try:
+            fleet = await self.shared.exchange(self._local_counts(self._views(now)))
+        except EXCHANGE_ERRORS as exc:
+            if self._fleet_counts is not None:
+                log.warning(
+                    "autoscale: shared demand unavailable, sizing from local calls: %s", exc
+                )
+            fleet = None
+        if (fleet is None) != (self._fleet_counts is None):
+            self._last = {}
+        self._fleet_counts = fleet
 
     def sense(self, now: float, *, restart: bool = True) -> list[PoolSignal]:
         """One signal per pool over the window since the last call (``restart`` False: a
@@ -154,19 +178,22 @@ class AutoscaleController:
         would hide the demand that needs more replicas, and calls counted as they end would
         show a burst a call's duration late. SLO attainment is the share of calls answered
         200 (a proxy: latency SLOs are not counted per call in the registry yet).
+        The counts are the fleet's (every gateway process's, from the last :meth:`refresh`)
+        when the demand is shared, else this process's own.
         """
         window_s = self.config.tick_s if self._last_s is None else max(1e-3, now - self._last_s)
         if restart:
             self._last_s = now
         views = self._views(now)
         out = []
-        counts = _pool_counts(self._registry)
+        counts = self._fleet_counts or self._local_counts(views)
         for pool in self.autoscaler.policies:
-            tokens, ok, total = counts.get(pool, (0.0, 0.0, 0.0))
-            serving, starting, waiting, in_flight = _pool_views(views, pool)
-            prev = self._last.get(pool, (tokens, ok, total, in_flight))
+            now_counts = counts.get(pool, PoolCounts(0.0, 0.0, 0.0, 0.0))
+            tokens, ok, total, in_flight = now_counts
+            serving, starting, waiting, _ = pool_views(views, pool)
+            prev = self._last.get(pool, now_counts)
             if restart or pool not in self._last:
-                self._last[pool] = (tokens, ok, total, in_flight)
+                self._last[pool] = now_counts
             done = total - prev[2]
             started = max(0.0, done + in_flight - prev[3])
             out.append(
@@ -221,26 +248,6 @@ def _as_dict(d: ScaleDecision) -> dict[str, Any]:
     }
 
 
-def _pool_views(
-    views: list[EndpointView], pool: str
-) -> tuple[dict[str, int], dict[str, int], int, int]:
-    """The pool's endpoints: ready and warming ones by GPU, engine waiting calls and the
-    gateway's calls in flight there."""
-    serving: dict[str, int] = {}
-    starting: dict[str, int] = {}
-    waiting = in_flight = 0
-    for v in views:
-        if not v.serves(pool):
-            continue
-        waiting += v.load.num_waiting
-        in_flight += v.in_flight
-        if v.state is EndpointState.READY:
-            serving[v.info.gpu] = serving.get(v.info.gpu, 0) + 1
-        elif v.state is EndpointState.WARMING:
-            starting[v.info.gpu] = starting.get(v.info.gpu, 0) + 1
-    return serving, starting, waiting, in_flight
-
-
 def _starting(fleet: EmbeddedFleet | None, views: list[EndpointView]) -> dict[str, dict[str, int]]:
     """Engines the embedded fleet started that do not serve yet (cold or loading)."""
     out: dict[str, dict[str, int]] = {}
@@ -253,6 +260,19 @@ def _starting(fleet: EmbeddedFleet | None, views: list[EndpointView]) -> dict[st
             pool = out.setdefault(slot.pool, {})
             pool[slot.gpu] = pool.get(slot.gpu, 0) + 1
     return out
+
+
+def _shared_demand(gateway: Gateway) -> SharedDemand | None:
+    """The fleet-wide demand exchange when the gateways share their state in Redis."""
+    state = gateway.config.state
+    if state.backend is not StateBackend.REDIS:
+        return None
+    return SharedDemand(
+        state.redis_url,
+        prefix=state.key_prefix,
+        ttl_s=SHARED_TTL_S,
+        op_timeout_s=max(0.25, state.op_timeout_s),  # off the request path: be patient
+    )
 
 
 def setup_autoscaling(
@@ -273,18 +293,24 @@ def setup_autoscaling(
     holder: dict[str, AutoscaleController] = {}
     app[CONTROLLER_KEY] = holder
     tasks: list[asyncio.Task[None]] = []
+    error_count: list[Counter] = []
 
     async def loop() -> None:
-        ctl, due_s, early = holder["ctl"], gateway.clock(), False
+        ctl, errors, due_s, early = holder["ctl"], error_count[0], gateway.clock(), False
         while True:
             now = gateway.clock()
-            with contextlib.suppress(Exception):
+            try:
+                await ctl.refresh(now)
                 if now >= due_s:
                     due_s, early = now + config.tick_s, False
                     await ctl.tick(now)
                 elif not early and ctl.surging(now):
                     due_s, early = now + config.tick_s, True  # the period restarts here
                     await ctl.tick(now)
+            except Exception:  # the loop goes on: the next tick is level-triggered anyway
+                log.exception("autoscale tick failed")
+                ctl.tick_errors += 1
+                errors.inc()
             await asyncio.sleep(max(0.0, min(WATCH_S, due_s - gateway.clock())))
 
     async def on_startup(app: web.Application) -> None:
@@ -292,9 +318,13 @@ def setup_autoscaling(
         actuators: list[Any] = [DesiredReplicasGauge(registry)]
         if fleet is not None:
             actuators.append(fleet)
+        error_count[:] = [
+            Counter("inferplane_autoscale_errors", "Autoscale ticks that raised (logged).",
+                    registry=registry)
+        ]  # fmt: skip
         holder["ctl"] = AutoscaleController(
             config, registry, lambda now: gateway.tracker.views(now), actuators, fleet,
-            policy_overrides,
+            policy_overrides, _shared_demand(gateway),
         )  # fmt: skip
         tasks.append(asyncio.create_task(loop()))
 
@@ -303,12 +333,21 @@ def setup_autoscaling(
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        ctl = holder.get("ctl")
+        if ctl is not None and ctl.shared is not None:
+            await ctl.shared.close()
         if fleet is not None:
             await fleet.stop()
 
     async def handler(request: web.Request) -> web.Response:
         ctl = holder.get("ctl")
-        body = {"decisions": [] if ctl is None else ctl.snapshot()}
+        body: dict[str, Any] = {"decisions": []}
+        if ctl is not None:
+            body = {
+                "decisions": ctl.snapshot(),
+                "demand": ctl.demand_scope,
+                "tick_errors": ctl.tick_errors,
+            }
         return web.Response(body=orjson.dumps(body), content_type="application/json")
 
     app.on_startup.append(on_startup)
