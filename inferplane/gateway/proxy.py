@@ -85,19 +85,30 @@ class Proxy:
         cfg = self.reliability.config
         self._stall_s = cfg.resumption.stall_timeout_s or timeouts.inter_token_s
 
-    def _timeout(self, ctx: RequestContext) -> aiohttp.ClientTimeout:
-        if ctx.deadline_s is None:  # the common case: one shared value per class and mode
+    def _timeout(self, ctx: RequestContext, again: bool = False) -> aiohttp.ClientTimeout | None:
+        """An attempt's limits: the class's timeout, counted from the call's arrival for a
+        retry or resumption (``again``: the call's attempts together stay within it), and
+        never past the client's deadline; None when nothing is left for another attempt."""
+        if ctx.deadline_s is None and not again:  # the common case: one value per class, mode
             key = (ctx.priority, ctx.stream)
             found = self._timeout_of.get(key)
             if found is None:
-                found = self._timeout_of[key] = self._build_timeout(ctx)
+                built = self._build_timeout(ctx, False)
+                assert built is not None  # a first attempt always gets one
+                found = self._timeout_of[key] = built
             return found
-        return self._build_timeout(ctx)
+        return self._build_timeout(ctx, again)
 
-    def _build_timeout(self, ctx: RequestContext) -> aiohttp.ClientTimeout:
-        total = self._timeouts.for_class(ctx.priority)
+    def _build_timeout(self, ctx: RequestContext, again: bool) -> aiohttp.ClientTimeout | None:
+        total, now = self._timeouts.for_class(ctx.priority), self._clock()
+        if again:
+            total -= now - ctx.arrival_s
         if ctx.deadline_s is not None:
-            total = max(0.001, min(total, ctx.deadline_s - self._clock()))
+            total = min(total, ctx.deadline_s - now)
+        if total <= 0:
+            if again:
+                return None
+            total = 0.001  # a first attempt is made, and times out at once: the client's 504
         return aiohttp.ClientTimeout(
             total=total,
             sock_connect=self._timeouts.connect_s,
@@ -308,8 +319,12 @@ class Proxy:
         if call.continuation is not None:
             body = orjson.dumps({**call.continuation, "model": _model_of(cand.body)})
         headers = {**JSON_HEADERS, **trace_headers} if trace_headers else JSON_HEADERS
+        timeout = self._timeout(ctx, call.ex.attempts > 1)
+        if timeout is None:  # the class's time is spent: no engine is asked again
+            error = err(504, "the call's time ran out before another attempt", "upstream_timeout")
+            raise AttemptFailed(FailureKind.TIMEOUT, error, sent=sent)
         try:
-            resp = await self.hedging.post(call, cand, body, headers, self._timeout(ctx))
+            resp = await self.hedging.post(call, cand, body, headers, timeout)
         except aiohttp.ClientConnectorError:
             self._tracker.report_connect_error(cand.endpoint)
             error = err(502, "cannot connect to the engine", "connect_error")

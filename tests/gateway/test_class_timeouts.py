@@ -1,0 +1,86 @@
+"""Upstream timeouts per priority class: a slow engine times a sheddable call out (504, the
+engine's request aborted) while a standard call on it finishes; a retry or resumption gets what
+is left of the class's limit since the call arrived, and none once it is spent."""
+
+from __future__ import annotations
+
+from typing import cast
+
+import aiohttp
+import pytest
+
+from inferplane.config import parse_config
+from inferplane.core.types import PriorityClass
+from inferplane.gateway.context import RequestContext
+from inferplane.gateway.proxy import Proxy
+from inferplane.gateway.tracker import EndpointTracker
+from tests.gateway.fakes import fake_engines, fleet_config, running_gateway
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+ONE_ENDPOINT = [
+    {"name": "e0", "url": "http://127.0.0.1:9", "gpu": "h100", "price_per_hour_usd": 2.0,
+     "models": ["m"]},
+]  # fmt: skip
+
+
+async def test_a_slow_engine_times_out_the_sheddable_class_only() -> None:
+    timeouts = {"sheddable_s": 0.2, "standard_s": 30.0}
+    async with fake_engines(1) as engines:
+        engine = engines[0]
+        engine.num_tokens, engine.token_delay_s = 4, 0.15  # 0.6 s per whole answer
+        async with (
+            running_gateway(fleet_config(engines, timeouts=timeouts)) as (_, url),
+            aiohttp.ClientSession() as s,
+        ):
+            headers = {"X-Priority": "sheddable"}
+            async with s.post(url + "/v1/chat/completions", json=CHAT, headers=headers) as r:
+                body = await r.json()
+                assert r.status == 504, body
+                assert body["error"]["code"] == "upstream_timeout"
+            async with s.post(url + "/v1/chat/completions", json=CHAT) as r:
+                assert r.status == 200
+    assert engine.aborted == 1 and engine.completed == 1
+
+
+def _ctx(priority: PriorityClass, arrival_s: float, deadline_s: float | None) -> RequestContext:
+    return RequestContext(
+        request_id="r1", tenant="t", priority=priority, arrival_s=arrival_s, model="m",
+        path="/v1/chat/completions", stream=False, client_wants_usage=False,
+        num_prompt_tokens=8, max_tokens=4, deadline_s=deadline_s, ttft_budget_s=None,
+        workflow_id=None, workflow_step=None, workflow_steps=None,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("now_s", "deadline_s", "again", "want_total_s"),
+    [
+        (100.0, None, False, 2.0),  # a first attempt: the class's whole limit
+        (100.5, None, False, 2.0),  # (whatever time admission took)
+        (100.5, None, True, 1.5),  # a retry: what is left since arrival
+        (101.9, None, True, 0.1),
+        (102.5, None, True, None),  # spent: no further attempt
+        (100.5, 101.0, True, 0.5),  # the client's deadline comes first
+        (101.5, 101.0, False, 0.001),  # past the deadline: a first attempt still answers
+    ],
+)
+def test_attempt_limits(
+    now_s: float, deadline_s: float | None, again: bool, want_total_s: float | None
+) -> None:
+    cfg = parse_config({"gateway": {"timeouts": {"sheddable_s": 2.0}}, "endpoints": ONE_ENDPOINT})
+    clock = [now_s]
+    tracker = EndpointTracker(cfg.endpoints, cfg.gateway, lambda: clock[0])
+    session = cast(aiohttp.ClientSession, object())  # never used: no attempt is sent
+    proxy = Proxy(session, tracker, cfg.gateway.timeouts, 1, lambda: clock[0])
+    timeout = proxy._timeout(_ctx(PriorityClass.SHEDDABLE, 100.0, deadline_s), again)
+    if want_total_s is None:
+        assert timeout is None
+    else:
+        assert timeout is not None and timeout.total == pytest.approx(want_total_s)
+
+
+def test_timeouts_config_is_per_class() -> None:
+    timeouts = {"critical_s": 9, "sheddable_s": 1}
+    t = parse_config(
+        {"gateway": {"timeouts": timeouts}, "endpoints": ONE_ENDPOINT}
+    ).gateway.timeouts
+    assert [t.for_class(p) for p in PriorityClass] == [9.0, t.standard_s, 1.0]
