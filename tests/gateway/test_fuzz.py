@@ -8,8 +8,10 @@ in flight.
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from inferplane.config import hash_api_key
+from inferplane.core.types import PriorityClass
 from tests.gateway.fakes import BackgroundLoop, fake_engines, fleet_config, running_gateway
 
 ALLOWED = {200, 400, 401, 404, 405, 413, 415, 422, 429, 502, 503, 504}
@@ -35,6 +38,17 @@ class Live:
         self.gateway, url = self.bg.run(self._gw_cm.__aenter__())
         self.port = int(url.rsplit(":", 1)[1])
         self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        self.engine = engines[0]
+        _assert_healthy(self)  # one good call first: what exists afterwards is the baseline
+        self.baseline_tasks = self.num_tasks()
+
+    def num_tasks(self) -> int:
+        """Tasks alive on the gateway's loop (its background loops, the servers' handlers)."""
+
+        async def count() -> int:
+            return len(asyncio.all_tasks())
+
+        return self.bg.run(count()) - 1  # not counting the counter itself
 
     def request(
         self, method: str, path: str, body: bytes, headers: dict[str, str]
@@ -130,6 +144,21 @@ def _assert_healthy(live: Live) -> None:
     gw = live.gateway
     assert gw.tracker.in_flight("e0") == 0
     assert gw.recorder.snapshot(gw.clock()).num_in_flight == 0
+    # every engine connection is back in the pool (none left mid-answer), the engine holds no
+    # request, and the admission gate neither queued nor holds one
+    assert gw.upstream.num_open == gw.upstream.num_idle()
+    assert live.engine.active == 0
+    assert all(gw.gate.core.queue.depth(p) == 0 for p in PriorityClass)
+
+
+def _assert_no_leaked_tasks(live: Live) -> None:
+    """No task outlives its request: the loop holds what it held after the first good call,
+    give or take the client connections' handlers (the fuzz client reconnects)."""
+    for _ in range(50):  # a handler of a connection the client just closed may still be ending
+        if live.num_tasks() <= live.baseline_tasks + 2:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"{live.num_tasks()} tasks on the loop, {live.baseline_tasks} at start")
 
 
 REQUESTS = {
@@ -160,3 +189,4 @@ def test_thousands_of_malformed_requests(
 def test_gateway_healthy_after_fuzz(live: Live) -> None:
     """Runs after the fuzz tests of this module (same gateway): nothing leaked."""
     _assert_healthy(live)
+    _assert_no_leaked_tasks(live)
