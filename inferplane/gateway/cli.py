@@ -14,7 +14,10 @@ import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from inferplane.config import FleetConfig
 
 
 def register(subparsers: Any) -> None:
@@ -93,6 +96,9 @@ def _serve(args: argparse.Namespace) -> int:
     host = args.host or gw_cfg.host
     port = gw_cfg.port if args.port is None else args.port
     configure_logging(args.log_level)
+    note = auth_note(config)
+    if note is not None:
+        print(f"inferplane serve: {note}", file=sys.stderr, flush=True)
     if args.workers < 1 or args.drain_timeout_s < 0:
         print("inferplane serve: --workers must be >= 1, --drain-timeout-s >= 0", file=sys.stderr)
         return 2
@@ -123,6 +129,25 @@ def _serve(args: argparse.Namespace) -> int:
 
     run_until_signalled(main)
     return 0
+
+
+def auth_note(config: FleetConfig) -> str | None:
+    """What ``serve`` says about a gateway without API keys (None: it has keys). Anonymous is
+    the default so that a first config runs; a config that leaves ``gateway.auth`` out is told
+    what that means, one that asks for anonymous mode is reminded."""
+    auth = config.gateway.auth
+    if auth.mode != "anonymous":
+        return None
+    what = (
+        f"every caller is tenant '{auth.anonymous_tenant}' (one quota, one set of workflows and "
+        "cached answers for all)"
+    )
+    if "auth" not in config.gateway.model_fields_set:
+        return (
+            f"warning: no gateway.auth in the config, so no API keys: {what}; set "
+            "gateway.auth.mode: api_keys with keys (key_sha256, tenant) for a shared gateway"
+        )
+    return f"anonymous mode (gateway.auth.mode): {what}"
 
 
 def _up(args: argparse.Namespace) -> int:
