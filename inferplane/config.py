@@ -81,10 +81,21 @@ class EndpointConfig(_Frozen):
     price_per_hour_usd: float = Field(ge=0)
     region: str = "local"
     max_model_len: int | None = Field(default=None, ge=1)
-    metrics_path: str = "/metrics"
+    #: Where the engine's Prometheus text is (default by kind: trtllm-serve serves it at
+    #: ``/prometheus/metrics``, its ``/metrics`` being JSON iteration stats; others ``/metrics``).
+    metrics_path: str = ""
     health_path: str = "/health"
     kv_events: KVEventsConfig | None = None
     emulated: EmulatedConfig | None = None
+
+    @model_validator(mode="after")
+    def _default_metrics_path(self) -> EndpointConfig:
+        if not self.metrics_path:
+            path = "/prometheus/metrics" if self.kind is EngineKind.TRTLLM else "/metrics"
+            object.__setattr__(self, "metrics_path", path)
+        elif not self.metrics_path.startswith("/"):
+            raise ValueError("metrics_path must start with '/'")
+        return self
 
     def info(self) -> EndpointInfo:
         """The endpoint's identity as the policy core sees it."""

@@ -58,6 +58,7 @@ def test_minimal_config_defaults() -> None:
         ({"endpoints": [_endpoint(gpus="h100")]}, "endpoints.0.gpus"),
         ({"endpoints": []}, "endpoints"),
         ({"gateway": {"port": 70000}, "endpoints": [_endpoint()]}, "gateway.port"),
+        ({"endpoints": [_endpoint(metrics_path="metrics")]}, "endpoints.0"),
         (
             {"gateway": {"auth": {"mode": "api_keys"}}, "endpoints": [_endpoint()]},
             "gateway.auth",
@@ -76,6 +77,23 @@ def test_bad_field_is_named(data: dict[str, Any], path_fragment: str) -> None:
         parse_config(data, "fleet.yaml")
     assert path_fragment in str(info.value)
     assert "fleet.yaml" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("kind", "given", "want"),
+    [
+        ("vllm", None, "/metrics"),
+        ("sglang", None, "/metrics"),
+        ("openai", None, "/metrics"),
+        ("trtllm", None, "/prometheus/metrics"),  # trtllm-serve's /metrics is JSON stats
+        ("trtllm", "/custom", "/custom"),
+    ],
+)
+def test_metrics_path_defaults_by_engine_kind(kind: str, given: str | None, want: str) -> None:
+    over: dict[str, Any] = {"kind": kind}
+    if given is not None:
+        over["metrics_path"] = given
+    assert parse_config({"endpoints": [_endpoint(**over)]}).endpoints[0].metrics_path == want
 
 
 def test_duplicate_endpoint_names_rejected() -> None:

@@ -150,6 +150,7 @@ class EngineServer:
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/prometheus/metrics", self._metrics)  # where trtllm-serve has it
         app.router.add_post("/tokenize", self._tokenize)
         app.router.add_post("/detokenize", self._detokenize)
         app.router.add_post("/v1/chat/completions/render", self._render_chat)
