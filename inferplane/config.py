@@ -182,7 +182,6 @@ class GatewayConfig(_Frozen):
     retries_before_first_byte: int = Field(default=1, ge=0, le=5)
     workflow_idle_ttl_s: float = Field(default=300.0, gt=0)
     max_in_flight: int = Field(default=4096, ge=1)
-    log_content: bool = False  # never log prompt or completion text unless asked
     log_requests: bool = True  # one JSON log line per request
     seed: int = 0  # seeds the routing tie-breaker RNG
 

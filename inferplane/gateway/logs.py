@@ -2,7 +2,8 @@
 
 Standard ``logging`` carries the records; fields passed with ``extra={...}`` become keys of
 the JSON line. Only the shells log (the policy core never does). Prompt and completion text
-are never put into records unless the gateway is configured with ``log_content``.
+are never put into records: a request's line carries its ids, tenant, endpoint, decisions,
+timings, token counts and cost (``recorder``), not what was said.
 """
 
 from __future__ import annotations
