@@ -39,6 +39,7 @@ from inferplane.core.types import CallContext, EndpointView
 from inferplane.gateway.errors import ApiError
 from inferplane.gateway.metrics import GatewayMetrics
 from inferplane.gateway.shared_ledger import SharedLedger
+from inferplane.gateway.tracing import GatewayTracer, TracingConfig
 from inferplane.state.quota_client import SharedQuotas
 
 __all__ = ["REASON_HEADER", "AdmissionGate"]
@@ -66,8 +67,11 @@ class AdmissionGate:
         metrics: GatewayMetrics,
         shared: SharedQuotas | None = None,
         poll_interval_s: float = 0.02,
+        tracer: GatewayTracer | None = None,
     ) -> None:
         self.core = Admission(config, predictor)
+        # The gateway's tracer: a call that queues gets a ``queue`` hop (off: a no-op).
+        self.tracer = tracer if tracer is not None else GatewayTracer(TracingConfig())
         self.poll_interval_s = poll_interval_s
         self._views = views
         self._clock = clock
@@ -128,25 +132,38 @@ class AdmissionGate:
             raise _refusal(d.status, d.message, d.code, d.retry_after_s)
         self._metrics.count_admission("queued", d.reason, prio)
         self._resolve(d.evicted)
-        fut: asyncio.Future[QueueExit] = asyncio.get_running_loop().create_future()
-        self._waiters[call.request_id] = fut
-        self._wake.set()
-        try:
-            out = await fut
-        except asyncio.CancelledError:
-            self._waiters.pop(call.request_id, None)
-            if fut.done() and not fut.cancelled():  # dispatched as the client left
+        return await self._wait(call, prio, d.reason)
+
+    async def _wait(self, call: CallContext, prio: str, reason: str) -> float:
+        """Wait in the queue until dispatched (seconds waited); raise ApiError when the call
+        expires or is evicted. The call's ``queue`` hop: only calls that queue have one."""
+        tracer = self.tracer
+        with tracer.hop("queue") as span:
+            if tracer.enabled:
+                span.set_attribute("inferplane.queue.reason", reason)
+                span.set_attribute("inferplane.priority", prio)
+            fut: asyncio.Future[QueueExit] = asyncio.get_running_loop().create_future()
+            self._waiters[call.request_id] = fut
+            self._wake.set()
+            try:
+                out = await fut
+            except asyncio.CancelledError:
+                self._waiters.pop(call.request_id, None)
+                if fut.done() and not fut.cancelled():  # dispatched as the client left
+                    self._pending -= 1
+                    self.leave(call, num_tokens=0, success=False)
+                elif self.core.cancel(call.request_id, self._clock()) is not None:
+                    self._metrics.count_admission("cancelled", "client_disconnected", prio)
+                    self._settle_shared(call.request_id, 0)
+                raise
+            if tracer.enabled:
+                span.set_attribute("inferplane.queue.exit", out.kind.value)
+                span.set_attribute("inferplane.queued_s", out.waited_s)
+            if out.kind is ExitKind.DISPATCHED:
                 self._pending -= 1
-                self.leave(call, num_tokens=0, success=False)
-            elif self.core.cancel(call.request_id, self._clock()) is not None:
-                self._metrics.count_admission("cancelled", "client_disconnected", prio)
-                self._settle_shared(call.request_id, 0)
-            raise
-        if out.kind is ExitKind.DISPATCHED:
-            self._pending -= 1
-            return out.waited_s
-        self._settle_shared(call.request_id, 0)
-        raise _refusal(429, _EXIT_TEXT[out.kind], _EXIT_CODES[out.kind], 1)
+                return out.waited_s
+            self._settle_shared(call.request_id, 0)
+            raise _refusal(429, _EXIT_TEXT[out.kind], _EXIT_CODES[out.kind], 1)
 
     def _fast_admit(
         self, call: CallContext, pool: list[EndpointView], now: float, api_key: str | None

@@ -170,7 +170,7 @@ class Gateway:
             self._tasks.append(asyncio.create_task(self._state_loop()))
         self.gate = AdmissionGate(
             self.config.admission, self.router.predictor, self.tracker.views, self.clock,
-            self.recorder.metrics, shared,
+            self.recorder.metrics, shared, tracer=self.tracer,
         )  # fmt: skip
         self.cache = ResponseCache(self.config.cache, self.clock)
         await self.cache.warm()
@@ -232,11 +232,11 @@ class Gateway:
         return await self._generate(request, ApiKind.COMPLETIONS)
 
     async def _generate(self, request: web.Request, path: str) -> web.StreamResponse:
-        tracer = self.tracer
-        with tracer.hop("context"):
-            ctx, raw, body = await read_context(
-                request, path, self._auth, self.clock(), self.config.gateway.max_body_bytes
-            )
+        tracer, auth, limit = self.tracer, self._auth, self.config.gateway.max_body_bytes
+        if tracer.enabled:  # authenticate and context as two hops; off: no hop at all
+            ctx, raw, body = await tracer.read_context(request, path, auth, self.clock(), limit)
+        else:
+            ctx, raw, body = await read_context(request, path, auth, self.clock(), limit)
         with tracer.hop("cache") as span:
             found = await self.cache.lookup(ctx, body, request.headers)
             if tracer.enabled:  # off: no call on the shared no-op span
@@ -299,7 +299,7 @@ class Gateway:
                 with self.tracer.hop("account") as span:
                     cost.append(self.recorder.finish(ctx, done, reason, now))
                     if self.tracer.enabled:
-                        span.set_attribute("inferplane.cost_usd", cost[0])
+                        self.tracer.note_account(span, done, cost[0])
                 ok = done.completed and done.endpoint is not None
                 usage = (done.prompt_tokens, done.cached_tokens) if ok else None
                 router.on_finish(key, now, tpot_s=done.tpot_s(), usage=usage)

@@ -260,11 +260,18 @@ class HeaderContext(NamedTuple):
     allow_fallback: bool = True
 
 
-def parse_headers(headers: Mapping[str, str], auth: Authenticator, now: float) -> HeaderContext:
-    """Authenticate and read the context headers (raises ApiError 401/400)."""
+def parse_headers(
+    headers: Mapping[str, str], auth: Authenticator, now: float, caller: Caller | None = None
+) -> HeaderContext:
+    """Authenticate and read the context headers (raises ApiError 401/400).
+
+    ``caller``: already authenticated (``auth.caller``; the traced gateway does it in a hop of
+    its own), so the key is not looked up again.
+    """
     found = context_headers(headers)
     request_id = _request_id(found.get("x-request-id"))
-    caller = auth.caller_for(_api_key(found))
+    if caller is None:
+        caller = auth.caller_for(_api_key(found))
     if not found:  # the common case: no context headers, the caller's defaults
         return HeaderContext(request_id, caller, caller.default_priority, *_NO_CONTEXT)
     deadline_ms = _positive_ms(found, "X-Deadline-Ms")
@@ -291,10 +298,16 @@ _NOT_JSON_TYPES = ("multipart/", "text/html", "application/xml", "text/xml")
 
 
 async def read_context(
-    request: web.Request, path: str, auth: Authenticator, now: float, max_body_bytes: int
+    request: web.Request,
+    path: str,
+    auth: Authenticator,
+    now: float,
+    max_body_bytes: int,
+    caller: Caller | None = None,
 ) -> tuple[RequestContext, bytes, dict[str, Any]]:
-    """Authenticate, read and check the body: the call's context, raw body and parsed JSON."""
-    hdr = parse_headers(request.headers, auth, now)
+    """Authenticate (unless ``caller`` is given), read and check the body: the call's
+    context, raw body and parsed JSON."""
+    hdr = parse_headers(request.headers, auth, now, caller)
     ctype = request.headers.get("Content-Type")
     if ctype and ctype.lower().startswith(_NOT_JSON_TYPES):
         raise ApiError(415, f"unsupported Content-Type {ctype[:60]!r}; send JSON")

@@ -3,17 +3,27 @@
 A call is a distributed transaction; its trace shows each decision where it was taken:
 
     inferplane.call                      (server span; parent: the client's traceparent)
-      authenticate, context, cache, admit, queue      (hops, with their outcome)
+      authenticate                        (the API key's tenant; a 401 names its reason)
+      context                             (model, priority, stream, workflow)
+      cache                               (hit or miss)
+      admit                               (queued_s; a refusal names its reason)
+      queue                               (only a call that waited: reason, exit, waited_s)
       route                               (ranked endpoints, per-axis scores as attributes)
       upstream                            (one per attempt; its traceparent goes to the engine)
       resumption                          (a broken stream continued elsewhere)
-      upstream
-      account                             (tokens, cost, outcome)
+      upstream                            (retry.reason: resume, or the failed attempt's code)
+      account                             (tokens, attempts, cost)
+
+Every span of a call is a child of ``inferplane.call``, wherever it is opened: ``account`` is
+opened by the proxy inside the last attempt, ``queue`` inside ``admit`` (so ``admit``'s time
+includes the wait and ``queue`` shows the wait alone). A hop that raises an ``ApiError`` ends
+with an error status, its HTTP status and ``inferplane.reject.reason``.
 
 The gateway calls a few context managers, one line per hop::
 
     with tracer.call(request.headers, request_id, path) as call:
-        with tracer.hop("authenticate"): ...
+        ctx, raw, body = await tracer.read_context(request, ...)   # authenticate, context
+        with tracer.hop("admit"): ...
         tracer.route(decision)
         with tracer.attempt(endpoint, n) as headers:   # add ``headers`` to the upstream call
             ...
@@ -21,20 +31,24 @@ The gateway calls a few context managers, one line per hop::
 
 Each ``GatewayTracer`` owns its own ``TracerProvider`` (tests run many gateways in one
 process); nothing is global. Tracing is off by default (``TracingConfig.enabled``): the helpers
-then cost a branch. OTLP export needs the optional ``opentelemetry-exporter-otlp-proto-http``
-package and an endpoint; tests use the in-memory exporter.
+then cost a branch, and the gateway guards what only feeds spans (attributes, the split
+authenticate hop) with ``tracer.enabled``. OTLP export needs the optional
+``opentelemetry-exporter-otlp-proto-http`` package and an endpoint; tests use the in-memory
+exporter.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
 from aiohttp import web
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
@@ -42,8 +56,10 @@ from opentelemetry.trace import NonRecordingSpan, Span, SpanKind, Status, Status
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import AttributeValue
 
-from inferplane.core.types import RouteDecision
+from inferplane.core.types import RouteDecision, client_workflow_id
+from inferplane.gateway.context import Authenticator, RequestContext, read_context
 from inferplane.gateway.errors import ApiError
+from inferplane.gateway.exchange import Exchange
 from inferplane.gateway.observability_config import TracingConfig
 
 __all__ = ["TRACER_KEY", "CallSpan", "GatewayTracer", "TracingConfig", "setup_tracing"]
@@ -53,6 +69,11 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _MAX_RANKED = 8  # endpoints whose scores go on the route span (bounded attributes)
 _TRACED_PREFIX = "/v1/"
 _HOPS = frozenset({"authenticate", "context", "cache", "admit", "queue", "account", "stream"})
+#: The root span of the call being served in this context (None outside a call): every span
+#: of the call is opened as its child, wherever the gateway opens it.
+_CALL_SPAN: contextvars.ContextVar[Span | None] = contextvars.ContextVar(
+    "inferplane_call_span", default=None
+)
 
 
 class CallSpan:
@@ -69,9 +90,7 @@ class CallSpan:
                 self.span.set_attribute(f"inferplane.{key}", value)
 
     def reject(self, status: int, reason: str) -> None:
-        self.span.set_attribute("http.response.status_code", status)
-        self.span.set_attribute("inferplane.reject.reason", reason)
-        self.span.set_status(Status(StatusCode.ERROR, reason))
+        _refused(self.span, status, reason)
 
     def finish(self, status: int, reason: str | None = None) -> None:
         self.span.set_attribute("http.response.status_code", status)
@@ -117,7 +136,11 @@ class GatewayTracer:
             record_exception=False,
             set_status_on_exception=False,
         ) as span:
-            yield CallSpan(span)
+            token = _CALL_SPAN.set(span)
+            try:
+                yield CallSpan(span)
+            finally:
+                _CALL_SPAN.reset(token)
 
     def hop(self, name: str, **attributes: Any) -> contextlib.AbstractContextManager[Span]:
         """One hop of the call (``authenticate``, ``context``, ``admit``...).
@@ -129,6 +152,38 @@ class GatewayTracer:
         if not self.enabled:
             return _NO_HOP
         return self._child(name, attributes)
+
+    async def read_context(
+        self,
+        request: web.Request,
+        path: str,
+        auth: Authenticator,
+        now: float,
+        max_body_bytes: int,
+    ) -> tuple[RequestContext, bytes, dict[str, Any]]:
+        """``context.read_context`` as two hops: ``authenticate`` (the key's tenant), then
+        ``context``. The gateway calls it only with tracing on; off, it calls
+        ``context.read_context``, which authenticates inline (no hop, one key lookup)."""
+        with self.hop("authenticate") as span:
+            caller = auth.caller(request.headers)
+            self.note(span, tenant=caller.tenant, api_key_name=caller.key_name)
+        with self.hop("context") as span:
+            ctx, raw, body = await read_context(request, path, auth, now, max_body_bytes, caller)
+            workflow = ctx.workflow_id  # as the client sent it (the tenant is on authenticate)
+            self.note(
+                span, model=ctx.model, priority=ctx.priority.value, stream=ctx.stream,
+                workflow_id=workflow and client_workflow_id(ctx.tenant, workflow),
+                workflow_step=ctx.workflow_step, prompt_tokens=ctx.num_prompt_tokens,
+            )  # fmt: skip
+        return ctx, raw, body
+
+    def note_account(self, span: Span, done: Exchange, cost_usd: float) -> None:
+        """The ``account`` hop's attributes: what the call used and cost, over its attempts."""
+        self.note(
+            span, cost_usd=cost_usd, prompt_tokens=done.prompt_tokens,
+            completion_tokens=done.completion_tokens, attempts=done.attempts,
+            resumptions=done.resumptions, status=done.status,
+        )  # fmt: skip
 
     def route(self, decision: RouteDecision, target: str | None = None) -> None:
         """The routing decision: ranked endpoints, predicted TTFT and per-axis scores."""
@@ -147,7 +202,7 @@ class GatewayTracer:
                 attrs[f"inferplane.predicted_ttft_s.{ranked.name}"] = ranked.predicted_ttft_s
             for axis in ranked.axes:
                 attrs[f"{prefix}.{axis.axis}"] = axis.score
-        self._tracer.start_span("route", attributes=attrs).end()
+        self._tracer.start_span("route", context=_call_context(), attributes=attrs).end()
 
     @contextlib.contextmanager
     def attempt(
@@ -183,7 +238,15 @@ class GatewayTracer:
             "inferplane.resume.tokens": num_tokens,
             "inferplane.resume.reason": reason,
         }
-        self._tracer.start_span("resumption", attributes=attrs).end()
+        self._tracer.start_span("resumption", context=_call_context(), attributes=attrs).end()
+
+    def note(self, span: Span, **attributes: Any) -> None:
+        """Set ``inferplane.<name>`` attributes (None values skipped) on a hop's span.
+
+        The caller guards the call with ``tracer.enabled`` (off: not even the keywords)."""
+        for key, value in attributes.items():
+            if value is not None:
+                span.set_attribute(f"inferplane.{key}", value)
 
     @contextlib.contextmanager
     def _child(
@@ -194,8 +257,38 @@ class GatewayTracer:
             return
         attrs = {k if k.startswith(("inferplane.", "http.")) else f"inferplane.{k}": v
                  for k, v in attributes.items() if v is not None}  # fmt: skip
-        with self._tracer.start_as_current_span(name, kind=kind, attributes=attrs) as span:
-            yield span
+        with self._tracer.start_as_current_span(
+            name,
+            context=_call_context(),
+            kind=kind,
+            attributes=attrs,
+            set_status_on_exception=False,
+        ) as span:
+            try:
+                yield span
+            except Exception as exc:
+                _failed(span, exc)
+                raise
+
+
+def _call_context() -> Context | None:
+    """The context whose current span is the call's root (None: the current context)."""
+    call = _CALL_SPAN.get()
+    return None if call is None else trace.set_span_in_context(call)
+
+
+def _refused(span: Span, status: int, reason: str) -> None:
+    span.set_attribute("http.response.status_code", status)
+    span.set_attribute("inferplane.reject.reason", reason)
+    span.set_status(Status(StatusCode.ERROR, reason))
+
+
+def _failed(span: Span, exc: Exception) -> None:
+    """A hop raised: a refusal names its code; other errors keep a status already set."""
+    if isinstance(exc, ApiError):
+        _refused(span, exc.status, exc.code or exc.error_type)
+    elif not isinstance(span, ReadableSpan) or span.status.status_code is StatusCode.UNSET:
+        span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
 
 
 def _otlp(endpoint: str) -> SpanExporter:

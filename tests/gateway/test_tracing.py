@@ -230,7 +230,7 @@ async def test_middleware_traces_gateway_calls_and_rejections() -> None:
     roots = [s for s in spans if s.name == "inferplane.call"]
     ok, rejected = sorted(roots, key=lambda s: s.start_time or 0)
     hops = {s.name for s in spans if s.context.trace_id == ok.context.trace_id} - {ok.name}
-    assert {"context", "cache", "admit", "route", "account"} <= hops
+    assert {"authenticate", "context", "cache", "admit", "route", "account"} <= hops
     assert f"{ok.context.trace_id:032x}" == CLIENT_TRACE
     assert (ok.attributes or {})["http.response.status_code"] == 200
     assert (ok.attributes or {})["inferplane.endpoint"] == engines[0].name
