@@ -29,7 +29,9 @@ calls finish, one every (decode time / running calls), so it waits about (queued
 that. The decode time is the uncalibrated TPOT times the decode steps a call takes,
 learned over every endpoint (first token to finish, over the TPOT predicted at dispatch:
 a slow engine's share moves it by its share only), so a healthy engine's own queue
-explains its wait while a degraded engine's queue, emptied 5x slower, does not. Routing
+explains its wait while a degraded engine's queue, emptied 5x slower, does not. Before
+any call has finished that wait is unknown (None: not 0, which judged calls queued in the
+fleet's first turnover as if nothing queued, and ejected a healthy engine). Routing
 does not use it: folding it into the routing TTFT (e2a8925) cost hit rate live.
 
 Calibration: each observed TTFT (TPOT) divided by the uncalibrated prediction made at
@@ -379,15 +381,18 @@ class LatencyPredictor:
         mean = self._log_decode_steps
         return None if mean is None else math.exp(mean)
 
-    def queue_wait_s(self, view: EndpointView, model: str, raw_tpot_s: float) -> float:
+    def queue_wait_s(self, view: EndpointView, model: str, raw_tpot_s: float) -> float | None:
         """Uncalibrated wait of a call sent now behind the engine's queue when the engine
         queues with free slots or its KV is full (KV-bound), beyond what ``raw_ttft_s``
-        counts (module docstring); 0 when neither, or before any call finished."""
-        load, steps = view.load, self.decode_steps()
-        prior = self.prior(view, model)
+        counts (module docstring); 0 when neither; None when it is KV-bound before any call
+        has finished (the turnover is unknown, so the TTFT cannot be judged)."""
+        load = view.load
         kv_bound = load.num_waiting > 0 or (load.kv_usage >= _KV_FULL and load.num_running > 0)
-        if not kv_bound or steps is None or load.num_running >= prior.max_num_seqs:
+        if not kv_bound or load.num_running >= self.prior(view, model).max_num_seqs:
             return 0.0
+        steps = self.decode_steps()
+        if steps is None:
+            return None
         running = max(1, load.num_running)
         return (load.num_waiting + 1) * steps * max(0.0, raw_tpot_s) / running
 

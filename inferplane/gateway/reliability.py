@@ -181,7 +181,7 @@ class Reliability:
             return None, None
         ttft_s, tpot_s = self.expected(endpoint, ctx.model, ctx.num_prompt_tokens, now, estimate)
         num_tokens = ctx.max_tokens or 0
-        if num_tokens > 0 and self.config.breaker.enabled:
+        if num_tokens > 0 and ttft_s is not None and self.config.breaker.enabled:
             # Watched only with a predicted total: the overdue check skips the others.
             total = ttft_s + tpot_s * (num_tokens - 1)
             task = _current_task() if total else None
@@ -196,18 +196,22 @@ class Reliability:
         num_prompt_tokens: int,
         now: float,
         estimate: LatencyEstimate | None = None,
-    ) -> tuple[float, float]:
+    ) -> tuple[float | None, float]:
         """What the breaker judges an attempt sent now against: the predictor's
         uncalibrated (TTFT, TPOT), the TTFT plus its wait behind the engine's queue when
         the engine is KV-bound (``LatencyPredictor.queue_wait_s``), so that a
         healthy engine's latency explained by its own queue is not an outlier while a
-        degraded one's still is (that wait is at a healthy engine's pace)."""
+        degraded one's still is (that wait is at a healthy engine's pace). The TTFT is
+        None (not judged) when that wait is not known yet: no call has finished."""
         assert self.predictor is not None
         view = self._tracker.view(endpoint, now)
         est = estimate
         if est is None:
             est = self.predictor.predict(view, model, num_prompt_tokens, now)
         queue_s = self.predictor.queue_wait_s(view, model, est.raw_tpot_s)
+        if queue_s is None:
+            self.counts["queued_dispatches_unjudged"] += 1
+            return None, est.raw_tpot_s
         if queue_s > 0:
             self.counts["queued_dispatches"] += 1
         return est.raw_ttft_s + queue_s, est.raw_tpot_s

@@ -174,11 +174,15 @@ def test_queue_wait_counts_calls_ahead_at_the_healthy_decode_pace() -> None:
     running calls to finish, one every (decode steps x raw TPOT / running)."""
     pred = _pred()
     assert pred.decode_steps() is None
-    assert pred.queue_wait_s(view("a", running=4, waiting=3), "m", 0.02) == 0.0  # not learned
+    # before any call finished, the wait of a KV-bound engine is unknown, not 0 ...
+    assert pred.queue_wait_s(view("a", running=4, waiting=3), "m", 0.02) is None
+    assert pred.queue_wait_s(view("a", running=4, kv=0.95), "m", 0.02) is None
+    # ... while an engine with room left has none to know
+    assert pred.queue_wait_s(view("a", running=4, kv=0.5), "m", 0.02) == 0.0
     _learn_steps(pred, 20, 0.011, calls=3)
     assert pred.decode_steps() == pytest.approx(20)
     queued = pred.queue_wait_s(view("a", running=4, waiting=3), "m", 0.02)
-    assert queued == pytest.approx((3 + 1) * 20 * 0.02 / 4)
+    assert queued is not None and queued == pytest.approx((3 + 1) * 20 * 0.02 / 4)
     full = pred.queue_wait_s(view("a", running=4, kv=0.95), "m", 0.02)
     assert full == pytest.approx(20 * 0.02 / 4)
     assert pred.queue_wait_s(view("a", running=4, kv=0.5), "m", 0.02) == 0.0  # room left

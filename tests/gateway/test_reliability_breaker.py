@@ -6,10 +6,12 @@ import asyncio
 from typing import Any
 
 import aiohttp
+import pytest
 
 from inferplane.config import parse_config
+from inferplane.core.predictor import LatencyPredictor
 from inferplane.core.retry import FailureKind
-from inferplane.core.types import EndpointState
+from inferplane.core.types import EndpointLoad, EndpointState, EndpointView
 from inferplane.gateway.reliability import AttemptTiming, Reliability
 from inferplane.gateway.reliability_config import BreakerSection, ReliabilityConfig
 from inferplane.gateway.tracker import EndpointTracker
@@ -97,6 +99,29 @@ def test_latency_outlier_is_ejected_against_its_predictions() -> None:
     assert views["e3"] is EndpointState.EJECTED
     assert all(views[n] is EndpointState.READY for n in ("e0", "e1", "e2"))
     assert rel.counts["breaker_latency_outlier"] == 1
+
+
+def test_a_queued_attempts_ttft_is_unjudged_until_a_call_has_finished(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``expected`` on a KV-bound engine (3 calls queued): before any call has finished the
+    wait behind its queue is unknown, so the TTFT is None (not judged), never the bare TTFT;
+    after one, the TTFT includes that wait."""
+    rel, tracker, clock = _reliability(4)
+    predictor = rel.predictor = LatencyPredictor()
+    plain = tracker.view("e0", clock.now)
+    queued = EndpointView(plain.info, plain.state, EndpointLoad(3, 4, 0.95, clock.now))
+    monkeypatch.setattr(tracker, "view", lambda name, now: queued)
+    ttft_s, tpot_s = rel.expected("e0", "m", 100, clock.now)
+    assert ttft_s is None and tpot_s > 0
+    assert rel.counts["queued_dispatches_unjudged"] == 1
+    est = predictor.predict(plain, "m", 100, clock.now)  # one call runs on an idle engine
+    predictor.on_dispatch("c", "e1", 100, est)
+    predictor.on_first_token("c", 0.02, clock.now)
+    predictor.on_finish("c", clock.now + 20 * est.raw_tpot_s)
+    ttft_s, tpot_s = rel.expected("e0", "m", 100, clock.now)
+    bare = predictor.predict(queued, "m", 100, clock.now).raw_ttft_s
+    assert ttft_s is not None and ttft_s > bare + (3 + 1) * 19 * tpot_s / 4
 
 
 async def test_error_burst_ejects_the_endpoint_and_traffic_moves() -> None:
