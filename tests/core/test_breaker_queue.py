@@ -73,9 +73,13 @@ class Call:
         return self.first_s + (self.steps - 1) * self.tpot_s
 
 
-def schedule(engine: Engine, steps: int, duration_s: float, rng: random.Random) -> list[Call]:
-    """Poisson arrivals served FIFO by ``slots`` servers."""
-    full_s = (PREFILL_S + steps * tpot_s(engine.slots, 0.95)) * engine.slow
+def schedule(
+    engine: Engine, steps: int, duration_s: float, rng: random.Random, vary: bool = False
+) -> list[Call]:
+    """Poisson arrivals served FIFO by ``slots`` servers; ``vary``: each call decodes a
+    uniform 1..``steps`` tokens (``steps`` being its max_tokens), else ``steps``."""
+    mean_steps = (steps + 1) / 2 if vary else steps
+    full_s = (PREFILL_S + mean_steps * tpot_s(engine.slots, 0.95)) * engine.slow
     rate = engine.load * engine.slots / full_s
     free = [0.0] * engine.slots  # when each slot frees
     starts: deque[float] = deque()  # start times of calls that arrived before, in order
@@ -85,7 +89,8 @@ def schedule(engine: Engine, steps: int, duration_s: float, rng: random.Random) 
             starts.popleft()
         running = sum(1 for f in free if f > t)
         start = max(t, heapq.heappop(free))
-        call = Call(engine.name, t, start, running, len(starts), engine.slots, engine.slow, steps)
+        n = rng.randint(1, steps) if vary else steps
+        call = Call(engine.name, t, start, running, len(starts), engine.slots, engine.slow, n)
         heapq.heappush(free, call.end_s)
         calls.append(call)
         starts.append(start)
@@ -99,7 +104,14 @@ class Run:
     samples: dict[str, int]
 
 
-def run(engines: list[Engine], steps: int, stream: bool, seed: int, duration_s: float) -> Run:
+def run(
+    engines: list[Engine],
+    steps: int,
+    stream: bool,
+    seed: int,
+    duration_s: float,
+    vary: bool = False,
+) -> Run:
     """Every call through the predictor and the breaker, in time order."""
     rng = random.Random(seed)
     predictor, board = LatencyPredictor(), BreakerBoard(BreakerConfig(max_ejected_share=1.0))
@@ -107,7 +119,7 @@ def run(engines: list[Engine], steps: int, stream: bool, seed: int, duration_s: 
         board.register(e.name, "p")
     events: list[tuple[float, int, int, Call]] = []
     for e in engines:
-        for c in schedule(e, steps, duration_s, rng):
+        for c in schedule(e, steps, duration_s, rng, vary):
             events += [(c.arrive_s, 0, len(events), c), (c.end_s, 2, len(events) + 1, c)]
             events.append((c.first_s, 1, len(events), c))
     events.sort(key=lambda ev: (ev[0], ev[1], ev[2]))
@@ -140,7 +152,9 @@ def run(engines: list[Engine], steps: int, stream: bool, seed: int, duration_s: 
             if stream:  # as ``Reliability.record``: an overdue attempt's TBT is counted
                 tbt = (None, None) if key in overdue else (c.tpot_s, est_tpot[key])
                 outcome = Outcome(None, c.first_s - c.arrive_s, expected[key], *tbt)
-            else:
+            else:  # as the gateway: over the tokens it produced
+                ttft = expected[key]
+                total = None if ttft is None else ttft + est_tpot[key] * (c.steps - 1)
                 outcome = Outcome(None, now - c.arrive_s, total)
             _note(board.record(c.engine, outcome, now), out)
     return out
@@ -218,6 +232,20 @@ def test_while_the_turnover_is_unknown_queued_calls_ttft_is_not_judged(
     monkeypatch.setattr(LatencyPredictor, "queue_wait_s", as_zero)
     result = run(_fleet(6, 1.25), 41, True, 45, duration_s=60.0)
     assert result.ejected == {"hot": 9}
+
+
+@pytest.mark.xfail(strict=True, reason="known false ejection, not yet fixed")
+def test_calls_of_varied_lengths_queued_on_a_healthy_engine_are_not_outliers() -> None:
+    """Found by random draws of this simulation with output lengths uniform in 1..max_tokens
+    (5 of 1500 streaming cases ejected the healthy engine, 5 to 259 samples in): 2 slots at
+    0.96x load, max_tokens 63, seed 5216, ejected 5 samples in. Likely cause: the queue
+    wait counts calls ahead at the *geometric* mean decode steps (``decode_steps``, an
+    EWMA in log space seeded by the first call to finish, a short one), while slots free at
+    the rate set by the arithmetic mean; with the log-normal mean of the slot-wait's step
+    statistics (``_StepStats.mean_steps``) the same 1500 cases ejected nobody. Strict: it
+    fails the suite once fixed."""
+    result = run(_fleet(2, 0.96), 63, True, 5216, duration_s=60.0, vary=True)
+    assert result.ejected == {}
 
 
 @settings(max_examples=30, deadline=None, derandomize=True)
