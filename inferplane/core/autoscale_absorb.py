@@ -3,7 +3,7 @@
 The burst reserve (:mod:`inferplane.core.autoscale_reserve`) keeps warm capacity for a burst
 of ``B`` tokens/s that no reactive step can serve in time. Sized by whether ``B`` exceeds the
 capacity kept, it rounds a burst a few percent over one replica up to a second replica, held
-all day (on the emulated fleet the quiet prior, ``8 x ~973`` tok/s, was 6% over one replica's
+all day (on the emulated fleet the quiet prior, ``8 x ~973`` tok/s, was 1% over one replica's
 7,697, and the spare ran from 13 s to the end). What a burst breaks is the SLO, and the SLO
 has room: calls may wait ``wait_s`` (the TTFT budget) before they miss it. So the reserve is
 the least capacity under which a burst's queue keeps its wait within ``wait_s`` until a
@@ -23,12 +23,15 @@ replica bought when the burst is seen serves (:func:`slo_capacity`):
   modelled capacity of the replicas that served it, among spans of windows that all met the
   SLO target with a backlog their rate drains within ``wait_s``, held over a day (what a
   replica carries is a property of the replicas and the workload's mix, not of the hour).
-  On the emulated fleet two engines carried a burst the loop read at 18,000-28,700 tok/s
-  (their model: 15,394) with every call in its SLO, and the reserve, sized in modelled
-  tokens, held a second engine to the end of the day. One window's few dozen calls, read at their
-  lower bound, read a quarter low: a single window never showed more than the model.
+  On the emulated fleet two engines carried a burst whose best 10 s was 24,759 tok/s
+  (their model: 15,394) with every call in its SLO. One window's few dozen calls, read at
+  their lower bound, read a quarter low: no single window showed more than the model.
   The ratio only scales the reserve; the demand's own need keeps the model's margin (the
   learned utilisation, :mod:`inferplane.core.autoscale_learn`, moves that one).
+
+Measured (docs/autoscaler.md): the room is ~5% of a burst at a 3 s SLO over 51-60 s, less
+than the 10% scale-down band, and the span's ratio stayed near 1 on the emulated fleet, so
+neither let the second engine go there (``hs-8001710``, ``hs-26274f2``).
 
 Pure: numbers in, values out; ``now_s`` is passed in.
 """
