@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Sequence
+from typing import Generic, TypeVar
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily, Metric
@@ -61,41 +62,68 @@ def _key(labelnames: tuple[str, ...], values: Sequence[object]) -> tuple[str, ..
     return tuple(str(v) for v in values)
 
 
-class CounterSeries:
-    """A labelled counter family: ``labels(*values).inc(n)``, exported as ``<name>_total``."""
+ChildT = TypeVar("ChildT", CounterChild, HistogramChild)
 
-    __slots__ = ("_children", "documentation", "labelnames", "name")
+
+class _Series(Generic[ChildT]):
+    """A labelled family: one child per label set, registered for collection."""
 
     def __init__(
         self, name: str, documentation: str, labelnames: Sequence[str], registry: CollectorRegistry
     ) -> None:
-        self.name = name.removesuffix("_total")
+        self.name = name
         self.documentation = documentation
         self.labelnames = tuple(labelnames)
-        self._children: dict[tuple[str, ...], CounterChild] = {}
+        self._children: dict[tuple[str, ...], ChildT] = {}
         registry.register(self)
 
-    def labels(self, *values: object) -> CounterChild:
+    def labels(self, *values: object) -> ChildT:
         key = _key(self.labelnames, values)
         child = self._children.get(key)
         if child is None:
-            child = self._children[key] = CounterChild()
+            child = self._children[key] = self._new_child()
         return child
 
     def describe(self) -> list[Metric]:
-        return [CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)]
+        return [self._family()]
 
     def collect(self) -> list[Metric]:
-        family = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        family = self._family()
         for key, child in list(self._children.items()):
-            family.add_metric(list(key), child.value)
+            self._add(family, list(key), child)
         return [family]
 
+    def _new_child(self) -> ChildT:
+        raise NotImplementedError
 
-class HistogramSeries:
+    def _family(self) -> Metric:
+        raise NotImplementedError
+
+    def _add(self, family: Metric, labels: list[str], child: ChildT) -> None:
+        raise NotImplementedError
+
+
+class CounterSeries(_Series[CounterChild]):
+    """A labelled counter family: ``labels(*values).inc(n)``, exported as ``<name>_total``."""
+
+    def __init__(
+        self, name: str, documentation: str, labelnames: Sequence[str], registry: CollectorRegistry
+    ) -> None:
+        super().__init__(name.removesuffix("_total"), documentation, labelnames, registry)
+
+    def _new_child(self) -> CounterChild:
+        return CounterChild()
+
+    def _family(self) -> Metric:
+        return CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
+
+    def _add(self, family: Metric, labels: list[str], child: CounterChild) -> None:
+        assert isinstance(family, CounterMetricFamily)
+        family.add_metric(labels, child.value)
+
+
+class HistogramSeries(_Series[HistogramChild]):
     """A labelled histogram family: ``labels(*values).observe(v)``."""
-
-    __slots__ = ("_children", "_les", "bounds", "documentation", "labelnames", "name")
 
     def __init__(
         self,
@@ -108,30 +136,20 @@ class HistogramSeries:
         bounds = tuple(float(b) for b in buckets if b != float("inf"))
         if not bounds or list(bounds) != sorted(set(bounds)):
             raise ValueError("histogram buckets must be distinct and ascending")
-        self.name = name
-        self.documentation = documentation
-        self.labelnames = tuple(labelnames)
         self.bounds = bounds
         self._les = [str(floatToGoString(b)) for b in bounds] + ["+Inf"]  # type: ignore[no-untyped-call]
-        self._children: dict[tuple[str, ...], HistogramChild] = {}
-        registry.register(self)
+        super().__init__(name, documentation, labelnames, registry)
 
-    def labels(self, *values: object) -> HistogramChild:
-        key = _key(self.labelnames, values)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = HistogramChild(self.bounds)
-        return child
+    def _new_child(self) -> HistogramChild:
+        return HistogramChild(self.bounds)
 
-    def describe(self) -> list[Metric]:
-        return [HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)]
+    def _family(self) -> Metric:
+        return HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
 
-    def collect(self) -> list[Metric]:
-        family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
-        for key, child in list(self._children.items()):
-            total, cumulative = 0, []
-            for le, n in zip(self._les, child.counts, strict=True):
-                total += n
-                cumulative.append((le, float(total)))
-            family.add_metric(list(key), cumulative, child.sum)
-        return [family]
+    def _add(self, family: Metric, labels: list[str], child: HistogramChild) -> None:
+        assert isinstance(family, HistogramMetricFamily)
+        total, cumulative = 0, []
+        for le, n in zip(self._les, child.counts, strict=True):
+            total += n
+            cumulative.append((le, float(total)))
+        family.add_metric(labels, cumulative, child.sum)
