@@ -24,7 +24,7 @@ from inferplane.core.admission_config import AdmissionConfig, QuotaLimits, Quota
 from inferplane.core.state import BucketSpec
 from inferplane.state.redis import RedisStore
 from tests.gateway.fakes import fake_engines
-from tests.gateway.test_shared_ledger import WF, redis_config, start_gateway, step, until
+from tests.gateway.test_shared_ledger import KEY, WF, redis_config, start_gateway, step, until
 from tests.state.conftest import PrivateRedis
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
@@ -158,7 +158,7 @@ async def test_redis_killed_mid_load_then_restarted(tmp_path: Path) -> None:
                 assert used <= load.between(killed_at, read_at) + 4 + CONCURRENCY + 1
 
                 # The workflow's record came back whole: steps 1-2 shared, 3-6 local.
-                record = await store.workflow_get(WF, time.time())
+                record = await store.workflow_get(KEY, time.time())
                 assert record is not None
                 assert (record.steps_done, record.max_step, record.steps_expected) == (6, 6, 6)
                 assert record.tokens == 6 * 15
