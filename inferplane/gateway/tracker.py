@@ -214,6 +214,11 @@ class EndpointTracker:
             cache.by_name[t.info.name] = view
         return cache
 
+    def observe_load(self, name: str, load: EndpointLoad) -> None:
+        """``name``'s engine load as last read (by its scrape; tests set one directly)."""
+        self._eps[name].load = load
+        self._version += 1
+
     def acquire(self, name: str) -> None:
         self._eps[name].in_flight += 1
         self._version += 1
@@ -339,11 +344,11 @@ class EndpointTracker:
             return
         sample = parse_engine_metrics(text, t.info.kind)
         old = t.load
-        t.load = EndpointLoad(
+        load = EndpointLoad(
             num_waiting=old.num_waiting if sample.num_waiting is None else sample.num_waiting,
             num_running=old.num_running if sample.num_running is None else sample.num_running,
             kv_usage=old.kv_usage if sample.kv_usage is None else sample.kv_usage,
             observed_at_s=self._clock(),
         )
-        self._version += 1
+        self.observe_load(t.info.name, load)
         t.scrapes_ok += 1

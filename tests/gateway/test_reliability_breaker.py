@@ -6,12 +6,11 @@ import asyncio
 from typing import Any
 
 import aiohttp
-import pytest
 
 from inferplane.config import parse_config
 from inferplane.core.predictor import LatencyPredictor
 from inferplane.core.retry import FailureKind
-from inferplane.core.types import EndpointLoad, EndpointState, EndpointView
+from inferplane.core.types import EndpointLoad, EndpointState
 from inferplane.gateway.reliability import AttemptTiming, Reliability
 from inferplane.gateway.reliability_config import BreakerSection, ReliabilityConfig
 from inferplane.gateway.tracker import EndpointTracker
@@ -101,17 +100,16 @@ def test_latency_outlier_is_ejected_against_its_predictions() -> None:
     assert rel.counts["breaker_latency_outlier"] == 1
 
 
-def test_a_queued_attempts_ttft_is_unjudged_until_a_call_has_finished(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_a_queued_attempts_ttft_is_unjudged_until_a_call_has_finished() -> None:
     """``expected`` on a KV-bound engine (3 calls queued): before any call has finished the
     wait behind its queue is unknown, so the TTFT is None (not judged), never the bare TTFT;
     after one, the TTFT includes that wait."""
     rel, tracker, clock = _reliability(4)
     predictor = rel.predictor = LatencyPredictor()
     plain = tracker.view("e0", clock.now)
-    queued = EndpointView(plain.info, plain.state, EndpointLoad(3, 4, 0.95, clock.now))
-    monkeypatch.setattr(tracker, "view", lambda name, now: queued)
+    tracker.observe_load("e0", EndpointLoad(3, 4, 0.95, clock.now))
+    queued = tracker.view("e0", clock.now)
+    assert queued.load.num_waiting == 3
     ttft_s, tpot_s = rel.expected("e0", "m", 100, clock.now)
     assert ttft_s is None and tpot_s > 0
     assert rel.counts["queued_dispatches_unjudged"] == 1
