@@ -57,6 +57,7 @@ class FailureKind(enum.Enum):
     OVERLOADED = "overloaded"  # 429: a load signal, not a health one
     CLIENT_ERROR = "client_error"  # 4xx caused by the request itself
     CANCELLED = "cancelled"  # the client went away
+    EXPIRED = "expired"  # the call's own time ran out (its deadline passed): not the engine's
 
     @property
     def counts_against_endpoint(self) -> bool:

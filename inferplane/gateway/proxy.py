@@ -44,7 +44,15 @@ from inferplane.gateway.context import ApiKind, RequestContext
 from inferplane.gateway.errors import ApiError
 from inferplane.gateway.exchange import Candidate, Exchange, Finisher
 from inferplane.gateway.hedge import Hedging
-from inferplane.gateway.relay import JSON_HEADERS, AttemptFailed, CallState, Responder, drain, err
+from inferplane.gateway.relay import (
+    JSON_HEADERS,
+    AttemptFailed,
+    CallState,
+    Responder,
+    drain,
+    err,
+    timed_out,
+)
 from inferplane.gateway.reliability import AttemptTiming, Reliability
 from inferplane.gateway.reliability_config import ReliabilityConfig
 from inferplane.gateway.sse_filter import read_usage
@@ -322,7 +330,7 @@ class Proxy:
         timeout = self._timeout(ctx, call.ex.attempts > 1)
         if timeout is None:  # the class's time is spent: no engine is asked again
             error = err(504, "the call's time ran out before another attempt", "upstream_timeout")
-            raise AttemptFailed(FailureKind.TIMEOUT, error, sent=sent)
+            raise AttemptFailed(FailureKind.EXPIRED, error, sent=sent)
         try:
             resp = await self.hedging.post(call, cand, body, headers, timeout)
         except aiohttp.ClientConnectorError:
@@ -331,7 +339,7 @@ class Proxy:
             raise AttemptFailed(FailureKind.CONNECT, error, sent=sent) from None
         except TimeoutError:
             error = err(504, "engine did not answer in time", "upstream_timeout")
-            raise AttemptFailed(FailureKind.TIMEOUT, error, sent=sent) from None
+            raise timed_out(ctx, self._clock(), error, sent) from None
         except (aiohttp.ClientError, OSError):
             error = err(502, "engine closed the connection", "upstream_disconnect")
             raise AttemptFailed(FailureKind.RESET, error, sent=sent) from None

@@ -41,6 +41,20 @@ class AttemptFailed(Exception):
         self.kind, self.error, self.sent = kind, error, sent
 
 
+#: A timeout this close to the call's deadline is the deadline's (timers fire a little late).
+_DEADLINE_SLACK_S = 0.002
+
+
+def timed_out(ctx: RequestContext, now: float, error: ApiError, sent: bool) -> AttemptFailed:
+    """An attempt that ran out of time: the engine's failure (``error``, counted against it),
+    unless the call's own deadline has passed, which says nothing of the engine: then it is
+    ``EXPIRED`` (not counted, not retried) and the client is told so."""
+    if ctx.deadline_s is not None and now >= ctx.deadline_s - _DEADLINE_SLACK_S:
+        expired = err(504, "the call's deadline (X-Deadline-Ms) passed", "deadline_exceeded")
+        return AttemptFailed(FailureKind.EXPIRED, expired, sent=sent)
+    return AttemptFailed(FailureKind.TIMEOUT, error, sent=sent)
+
+
 @dataclass(slots=True, init=False)
 class CallState:
     """One call's state across its attempts (owned by one ``forward``)."""
@@ -111,7 +125,7 @@ class Responder:
             raise AttemptFailed(FailureKind.RESET, error) from None
         except TimeoutError:
             error = err(504, "engine did not answer in time", "upstream_timeout")
-            raise AttemptFailed(FailureKind.TIMEOUT, error) from None
+            raise timed_out(call.ctx, self.clock(), error, False) from None
         try:
             payload = orjson.loads(raw)
         except orjson.JSONDecodeError:
@@ -197,7 +211,7 @@ class Responder:
             raise AttemptFailed(FailureKind.RESET, error, sent=True) from None
         except TimeoutError:
             error = err(504, "engine stalled mid-stream", "upstream_timeout")
-            raise AttemptFailed(FailureKind.TIMEOUT, error, sent=True) from None
+            raise timed_out(call.ctx, self.clock(), error, True) from None
 
     async def end(self, call: CallState, chunk: bytes) -> None:
         """Write the last events, the cost comment and [DONE]; close the stream."""

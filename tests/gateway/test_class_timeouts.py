@@ -1,6 +1,7 @@
 """Upstream timeouts per priority class: a slow engine times a sheddable call out (504, the
 engine's request aborted) while a standard call on it finishes; a retry or resumption gets what
-is left of the class's limit since the call arrived, and none once it is spent."""
+is left of the class's limit since the call arrived, and none once it is spent. A call whose own
+deadline passes is told so (``deadline_exceeded``) and that is not held against the engine."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ import aiohttp
 import pytest
 
 from inferplane.config import parse_config
+from inferplane.core.retry import FailureKind
 from inferplane.core.types import PriorityClass
 from inferplane.gateway.context import RequestContext
 from inferplane.gateway.proxy import Proxy
+from inferplane.gateway.relay import err, timed_out
 from inferplane.gateway.tracker import EndpointTracker
 from tests.gateway.fakes import fake_engines, fleet_config, running_gateway
 
@@ -84,3 +87,41 @@ def test_timeouts_config_is_per_class() -> None:
         {"gateway": {"timeouts": timeouts}, "endpoints": ONE_ENDPOINT}
     ).gateway.timeouts
     assert [t.for_class(p) for p in PriorityClass] == [9.0, t.standard_s, 1.0]
+
+
+async def test_a_call_past_its_deadline_is_told_so() -> None:
+    async with fake_engines(1) as engines:
+        engine = engines[0]
+        engine.num_tokens, engine.token_delay_s = 4, 0.15  # 0.6 s per whole answer
+        async with (
+            running_gateway(fleet_config(engines)) as (_, url),
+            aiohttp.ClientSession() as s,
+        ):
+            headers = {"X-Deadline-Ms": "250"}
+            async with s.post(url + "/v1/chat/completions", json=CHAT, headers=headers) as r:
+                body = await r.json()
+                assert r.status == 504, body
+                assert body["error"]["code"] == "deadline_exceeded"
+    assert engine.aborted == 1
+
+
+@pytest.mark.parametrize(
+    ("deadline_s", "now_s", "want"),
+    [
+        (None, 50.0, FailureKind.TIMEOUT),  # no deadline: the engine's
+        (100.0, 99.0, FailureKind.TIMEOUT),  # the engine's limit fired first
+        (100.0, 99.999, FailureKind.EXPIRED),  # at the deadline (timers fire a little late)
+        (100.0, 100.5, FailureKind.EXPIRED),
+    ],
+)
+def test_a_timeout_is_the_callers_once_its_deadline_has_passed(
+    deadline_s: float | None, now_s: float, want: FailureKind
+) -> None:
+    engines_error = err(504, "engine did not answer in time", "upstream_timeout")
+    failed = timed_out(_ctx(PriorityClass.STANDARD, 0.0, deadline_s), now_s, engines_error, True)
+    assert failed.kind is want and failed.sent
+    code = "upstream_timeout" if want is FailureKind.TIMEOUT else "deadline_exceeded"
+    assert failed.error.code == code
+    # the caller's deadline is no failure of the engine's, and nothing is tried again
+    assert failed.kind.counts_against_endpoint is (want is FailureKind.TIMEOUT)
+    assert failed.kind.retryable is (want is FailureKind.TIMEOUT)
