@@ -10,8 +10,9 @@ Model (per endpoint, from a prior of the endpoint's hardware, calibrated online)
   dispatched there and not yet started streaming, or, when the engine reports a longer
   queue, its waiting count times the mean uncached prompt) over the same rate, plus decode
   interference (running decodes take a share of every chunked-prefill step and add their
-  per-sequence cost to each chunk), plus the wait for a sequence slot when the batch is
-  full or the engine queues (calls ahead x mean output tokens x TPOT / max_num_seqs),
+  per-sequence cost to each chunk), plus the wait for a sequence slot when the batch or
+  the KV cache is full (calls ahead x mean output tokens x TPOT / max_num_seqs; calls
+  waiting beside free slots wait for the step's token budget, already counted above),
   plus the first step itself. A fully cached call on a saturated replica therefore still
   predicts a long TTFT, which is what lets routing leave a hot prefix holder.
   The output tokens a call holds its slot for are learned (``slot_steps``): the mean decode
@@ -266,8 +267,12 @@ class LatencyPredictor:
         work_s = (ahead_tokens + own_tokens) / rate
         interference_s = work_s * share + chunks * running * prior.decode_per_seq_s
         ahead_s = ahead_tokens / rate
-        # No free sequence slot (or the engine already queues): wait for calls to finish.
-        excess = max(outstanding + 1 - num_seqs, num_waiting + 1 if num_waiting else 0)
+        # No free sequence slot (a full batch, or KV too full to start another): wait for calls
+        # to finish. Calls waiting while slots are free (chunked prefill) wait only for the
+        # step's token budget, which ``ahead_s`` counts: not slot turnover.
+        slots_short = num_running >= num_seqs or kv >= _KV_FULL
+        queued = num_waiting + 1 if num_waiting and slots_short else 0
+        excess = max(outstanding + 1 - num_seqs, queued)
         slot_wait_s = excess * self.slot_steps(prior) * raw_tpot / num_seqs
         raw_wait = ahead_s + interference_s + slot_wait_s + raw_tpot  # + the first step itself
         f_ttft, f_tpot = self._factors(name, now)

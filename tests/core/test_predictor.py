@@ -67,7 +67,15 @@ def test_engine_reported_queue_counts_when_larger() -> None:
     pred = _pred()
     est = pred.predict(view("a", waiting=4), "m", 0, 0.0)
     step_s = 0.01 + 0.001 * 5
-    slot_s = 5 * 256 * step_s / 256  # the engine queues: wait for 5 slots to free
+    # slots are free (chunked prefill): the queue waits for the step's token budget only
+    assert est.wait_s == pytest.approx(4 * 512 / 10_000 + step_s)
+
+
+def test_a_queue_beside_full_kv_waits_for_slots() -> None:
+    pred = _pred()
+    est = pred.predict(view("a", waiting=4, kv=0.95), "m", 0, 0.0)
+    step_s = 0.01 + 0.001 * 5 + PRIOR.decode_full_kv_s * 0.95
+    slot_s = 5 * 256 * step_s / 256  # no room to start another: wait for 5 calls to finish
     assert est.wait_s == pytest.approx(4 * 512 / 10_000 + slot_s + step_s)
 
 
