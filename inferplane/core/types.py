@@ -220,7 +220,8 @@ class RouteDecision:
 
 
 #: Between a tenant and its workflow id in the id the control plane keys workflows by. Client
-#: ids never contain it (the gateway accepts ``[A-Za-z0-9_.:@/+=-]``), so the last one splits.
+#: ids never contain it (the gateway accepts ``[A-Za-z0-9_.:@/+=-]``), so no two (tenant, id)
+#: pairs share a scoped id.
 WORKFLOW_SCOPE_SEP = "|"
 
 

@@ -93,7 +93,7 @@ class Proxy:
         cfg = self.reliability.config
         self._stall_s = cfg.resumption.stall_timeout_s or timeouts.inter_token_s
 
-    def _timeout(self, ctx: RequestContext, again: bool = False) -> aiohttp.ClientTimeout | None:
+    def _timeout(self, ctx: RequestContext, again: bool) -> aiohttp.ClientTimeout | None:
         """An attempt's limits: the class's timeout, counted from the call's arrival for a
         retry or resumption (``again``: the call's attempts together stay within it), and
         never past the client's deadline; None when nothing is left for another attempt."""

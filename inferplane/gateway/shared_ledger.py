@@ -258,9 +258,8 @@ def setup_workflow_routes(app: web.Application, gw: Gateway) -> None:
             body = await sync.view(scoped)
         else:
             local = gw.gate.core.workflows.get(scoped)
-            body = {"workflow_id": scoped, "shared": None, "local": _local_json(local),
-                    "store": gw.state.mode.value}  # fmt: skip
-        body["workflow_id"] = workflow_id
+            body = {"shared": None, "local": _local_json(local), "store": gw.state.mode.value}
+        body["workflow_id"] = workflow_id  # as the client named it
         owner = body["shared"] or body["local"]
         if owner is None or owner["tenant"] != tenant:  # another tenant's: not shown
             raise ApiError(

@@ -85,9 +85,7 @@ class CallSpan:
         self.span = span
 
     def set(self, **attributes: Any) -> None:
-        for key, value in attributes.items():
-            if value is not None:
-                self.span.set_attribute(f"inferplane.{key}", value)
+        _note(self.span, attributes)
 
     def reject(self, status: int, reason: str) -> None:
         _refused(self.span, status, reason)
@@ -244,9 +242,7 @@ class GatewayTracer:
         """Set ``inferplane.<name>`` attributes (None values skipped) on a hop's span.
 
         The caller guards the call with ``tracer.enabled`` (off: not even the keywords)."""
-        for key, value in attributes.items():
-            if value is not None:
-                span.set_attribute(f"inferplane.{key}", value)
+        _note(span, attributes)
 
     @contextlib.contextmanager
     def _child(
@@ -275,6 +271,12 @@ def _call_context() -> Context | None:
     """The context whose current span is the call's root (None: the current context)."""
     call = _CALL_SPAN.get()
     return None if call is None else trace.set_span_in_context(call)
+
+
+def _note(span: Span, attributes: Mapping[str, Any]) -> None:
+    for key, value in attributes.items():
+        if value is not None:
+            span.set_attribute(f"inferplane.{key}", value)
 
 
 def _refused(span: Span, status: int, reason: str) -> None:

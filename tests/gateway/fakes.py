@@ -150,7 +150,16 @@ def _chunk(chat: bool, text: str, finish: str | None = None) -> dict[str, Any]:
 
 @contextlib.asynccontextmanager
 async def fake_engines(n: int, **kwargs: Any) -> AsyncIterator[list[FakeEngine]]:
-    engines = [FakeEngine(name=f"e{i}", **kwargs) for i in range(n)]
+    async with serving([FakeEngine(name=f"e{i}", **kwargs) for i in range(n)]) as engines:
+        yield engines
+
+
+E = TypeVar("E", bound=FakeEngine)
+
+
+@contextlib.asynccontextmanager
+async def serving(engines: list[E]) -> AsyncIterator[list[E]]:
+    """Serve ``engines`` (a FakeEngine or a subclass) on loopback; each gets its ``url``."""
     try:
         for eng in engines:
             eng.runner = web.AppRunner(eng.app(), handler_cancellation=True, access_log=None)

@@ -5,7 +5,9 @@ deadline passes is told so (``deadline_exceeded``) and that is not held against 
 
 from __future__ import annotations
 
-from typing import cast
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any, cast
 
 import aiohttp
 import pytest
@@ -17,7 +19,7 @@ from inferplane.gateway.context import RequestContext
 from inferplane.gateway.proxy import Proxy
 from inferplane.gateway.relay import err, timed_out
 from inferplane.gateway.tracker import EndpointTracker
-from tests.gateway.fakes import fake_engines, fleet_config, running_gateway
+from tests.gateway.fakes import FakeEngine, fake_engines, fleet_config, running_gateway
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 ONE_ENDPOINT = [
@@ -26,22 +28,30 @@ ONE_ENDPOINT = [
 ]  # fmt: skip
 
 
-async def test_a_slow_engine_times_out_the_sheddable_class_only() -> None:
-    timeouts = {"sheddable_s": 0.2, "standard_s": 30.0}
+@contextlib.asynccontextmanager
+async def _slow_engine_behind_a_gateway(
+    **gateway: Any,
+) -> AsyncIterator[tuple[FakeEngine, str, aiohttp.ClientSession]]:
+    """One engine taking 0.6 s per whole answer, a gateway in front, a client session."""
     async with fake_engines(1) as engines:
         engine = engines[0]
-        engine.num_tokens, engine.token_delay_s = 4, 0.15  # 0.6 s per whole answer
+        engine.num_tokens, engine.token_delay_s = 4, 0.15
         async with (
-            running_gateway(fleet_config(engines, timeouts=timeouts)) as (_, url),
+            running_gateway(fleet_config(engines, **gateway)) as (_, url),
             aiohttp.ClientSession() as s,
         ):
-            headers = {"X-Priority": "sheddable"}
-            async with s.post(url + "/v1/chat/completions", json=CHAT, headers=headers) as r:
-                body = await r.json()
-                assert r.status == 504, body
-                assert body["error"]["code"] == "upstream_timeout"
-            async with s.post(url + "/v1/chat/completions", json=CHAT) as r:
-                assert r.status == 200
+            yield engine, url + "/v1/chat/completions", s
+
+
+async def test_a_slow_engine_times_out_the_sheddable_class_only() -> None:
+    timeouts = {"sheddable_s": 0.2, "standard_s": 30.0}
+    async with _slow_engine_behind_a_gateway(timeouts=timeouts) as (engine, url, s):
+        async with s.post(url, json=CHAT, headers={"X-Priority": "sheddable"}) as r:
+            body = await r.json()
+            assert r.status == 504, body
+            assert body["error"]["code"] == "upstream_timeout"
+        async with s.post(url, json=CHAT) as r:
+            assert r.status == 200
     assert engine.aborted == 1 and engine.completed == 1
 
 
@@ -90,18 +100,13 @@ def test_timeouts_config_is_per_class() -> None:
 
 
 async def test_a_call_past_its_deadline_is_told_so() -> None:
-    async with fake_engines(1) as engines:
-        engine = engines[0]
-        engine.num_tokens, engine.token_delay_s = 4, 0.15  # 0.6 s per whole answer
-        async with (
-            running_gateway(fleet_config(engines)) as (_, url),
-            aiohttp.ClientSession() as s,
-        ):
-            headers = {"X-Deadline-Ms": "250"}
-            async with s.post(url + "/v1/chat/completions", json=CHAT, headers=headers) as r:
-                body = await r.json()
-                assert r.status == 504, body
-                assert body["error"]["code"] == "deadline_exceeded"
+    async with (
+        _slow_engine_behind_a_gateway() as (engine, url, s),
+        s.post(url, json=CHAT, headers={"X-Deadline-Ms": "250"}) as r,
+    ):
+        body = await r.json()
+        assert r.status == 504, body
+        assert body["error"]["code"] == "deadline_exceeded"
     assert engine.aborted == 1
 
 

@@ -26,7 +26,7 @@ from inferplane.config import FleetConfig, hash_api_key
 from inferplane.core.admission_config import AdmissionConfig, QuotaLimits, QuotasConfig
 from inferplane.gateway.app import Gateway, start_server
 from inferplane.gateway.tracing import TracingConfig
-from tests.gateway.fakes import FakeEngine, fleet_config
+from tests.gateway.fakes import FakeEngine, fleet_config, serving
 from tests.gateway.test_admission_wiring import _one_slot
 
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -56,19 +56,8 @@ class TracedEngine(FakeEngine):
 @contextlib.asynccontextmanager
 async def _engines(n: int, script: Sequence[str] = ()) -> AsyncIterator[list[TracedEngine]]:
     shared = list(script)
-    engines = [TracedEngine(name=f"e{i}", script=shared) for i in range(n)]
-    try:
-        for eng in engines:
-            eng.runner = web.AppRunner(eng.app(), handler_cancellation=True, access_log=None)
-            await eng.runner.setup()
-            site = web.TCPSite(eng.runner, "127.0.0.1", 0)
-            await site.start()
-            eng.url = f"http://127.0.0.1:{eng.runner.addresses[0][1]}"
+    async with serving([TracedEngine(name=f"e{i}", script=shared) for i in range(n)]) as engines:
         yield engines
-    finally:
-        for eng in engines:
-            if eng.runner is not None:
-                await eng.runner.cleanup()
 
 
 def _fleet(engines: Sequence[FakeEngine], **gateway: Any) -> FleetConfig:
