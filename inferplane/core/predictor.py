@@ -17,7 +17,10 @@ Model (per endpoint, from a prior of the endpoint's hardware, calibrated online)
   predicts a long TTFT, which is what lets routing leave a hot prefix holder.
   The output tokens a call holds its slot for are learned (``slot_steps``): the mean decode
   steps of finished calls, once ``slot_steps_min_calls`` have finished, else the prior's
-  ``mean_output_tokens``. The mean, not the median: slots free at the rate running calls
+  ``mean_output_tokens``; either at most the mean ``max_tokens`` of the calls dispatched
+  (known at once: a fleet's first seconds of 16-64-token answers were otherwise judged by
+  the prior's 256, a hot prefix holder predicted at 5 s TTFT that served in about 1).
+  The mean, not the median: slots free at the rate running calls
   finish, whose mean is what sets it; it is estimated robustly as a log-normal's,
   exp(log-mean + log-variance / 2), the variance's share capped at 2x. Learned, not
   min(prior, learned): the prior is a profile default, and a fleet whose calls decode
@@ -175,6 +178,7 @@ class LatencyPredictor:
         self._mean_uncached = _INITIAL_MEAN_UNCACHED_TOKENS
         self._log_decode_steps: float | None = None  # decode time / raw TPOT, EWMA in log
         self._slot_stats = _StepStats()  # the same samples, for the slot wait
+        self._max_steps = _StepStats()  # dispatched calls' max_tokens: a bound on the steps
         # Predictions since the last change of state; the view is kept with its estimate,
         # so its id cannot be reused by another view while the entry lives.
         self._memo: dict[_MemoKey, tuple[EndpointView, LatencyEstimate]] = {}
@@ -298,9 +302,14 @@ class LatencyPredictor:
     def slot_steps(self, prior: EndpointPrior) -> float:
         """Decode steps a running call holds its batch slot for (module docstring)."""
         cfg, stats = self.config, self._slot_stats
-        if not cfg.slot_wait_learned or stats.count < cfg.slot_steps_min_calls:
+        if not cfg.slot_wait_learned:
             return prior.mean_output_tokens
-        return stats.mean_steps()
+        steps = prior.mean_output_tokens
+        if stats.count >= cfg.slot_steps_min_calls:
+            steps = stats.mean_steps()
+        if self._max_steps.count:  # no call holds its slot past its max_tokens
+            steps = min(steps, self._max_steps.mean_steps())
+        return steps
 
     def prefill_s(self, view: EndpointView, model: str, num_tokens: int, now: float) -> float:
         """Calibrated time to prefill ``num_tokens`` on an idle endpoint (what a cache saves)."""
@@ -328,9 +337,15 @@ class LatencyPredictor:
     # -- observations ---------------------------------------------------------------------
 
     def on_dispatch(
-        self, request_id: str, endpoint: str, num_uncached_tokens: int, estimate: LatencyEstimate
+        self,
+        request_id: str,
+        endpoint: str,
+        num_uncached_tokens: int,
+        estimate: LatencyEstimate,
+        max_output_tokens: int | None = None,
     ) -> None:
-        """A call was sent: its prefill is queued work until its first token."""
+        """A call was sent: its prefill is queued work until its first token.
+        ``max_output_tokens`` (its ``max_tokens``) bounds the steps it can hold a slot."""
         self._memo.clear()
         self._drop(request_id)
         while len(self._pending) >= self.config.max_pending:
@@ -342,6 +357,8 @@ class LatencyPredictor:
         self._queued_tokens[endpoint] = self._queued_tokens.get(endpoint, 0) + tokens
         self._queued_calls[endpoint] = self._queued_calls.get(endpoint, 0) + 1
         self._mean_uncached += 0.05 * (tokens - self._mean_uncached)
+        if max_output_tokens is not None:
+            self._max_steps.update(math.log(max(1, max_output_tokens)))
 
     def on_first_token(self, request_id: str, ttft_s: float, now: float) -> None:
         """The call's first token arrived after ``ttft_s``: calibrate, unqueue its prefill."""

@@ -88,6 +88,10 @@ class RoutingConfig(_Frozen):
     #: An affine endpoint keeps its bonus while its predicted TTFT over the best candidate's
     #: is at most ``affinity_penalty_ratio`` x the prefill time its cache saves.
     affinity_penalty_ratio: float = Field(default=1.0, ge=0)
+    #: ... and, past that ratio, while its prediction uses at most this share of the call's
+    #: latency budget (0: off): a holder that meets the budget with room to spare costs the
+    #: caller nothing it asked for, and a cold copy costs the fleet the prefill again.
+    affinity_budget_use: float = Field(default=0.75, ge=0, le=1)
     #: Without prefix data, the share of a workflow call's prompt assumed cached on the
     #: endpoint that served the previous step.
     affinity_reuse_fraction: float = Field(default=0.8, ge=0, le=1)

@@ -106,17 +106,25 @@ def keeps_bonus(ctx: ScoringContext, pool: PoolStats, name: str) -> bool:
     if estimate is None:
         return False
     limit_s = ctx.cfg.affinity_penalty_ratio * ctx.saved_s.get(name, 0.0)
-    return estimate.ttft_s - pool.min_ttft_s <= limit_s
+    if estimate.ttft_s - pool.min_ttft_s <= limit_s:
+        return True
+    use = ctx.budget_use(name)
+    return use is not None and use <= ctx.cfg.affinity_budget_use
 
 
 def keeps_affinity(ctx: ScoringContext, pool: PoolStats, name: str) -> tuple[bool, str]:
     """The hot-spot rule: the TTFT penalty there, over the best candidate's predicted TTFT,
-    must not exceed ratio x the prefill its cache saves."""
+    must not exceed ratio x the prefill its cache saves, unless the endpoint still meets
+    the call's budget with room to spare (``affinity_budget_use``)."""
     estimate = ctx.estimates.get(name)
     if estimate is None:
         return False, "no prediction"
     penalty_s = estimate.ttft_s - pool.min_ttft_s
     saved_s = ctx.saved_s.get(name, 0.0)
-    if keeps_bonus(ctx, pool, name):
+    if not keeps_bonus(ctx, pool, name):
+        use = ctx.budget_use(name)
+        of_budget = "" if use is None else f", {use:.0%} of budget"
+        return False, f"hot: TTFT +{penalty_s:.3f}s > saves {saved_s:.3f}s{of_budget}"
+    if penalty_s <= ctx.cfg.affinity_penalty_ratio * saved_s:
         return True, f"TTFT +{penalty_s:.3f}s <= saves {saved_s:.3f}s"
-    return False, f"hot: TTFT +{penalty_s:.3f}s > saves {saved_s:.3f}s"
+    return True, f"TTFT +{penalty_s:.3f}s > saves {saved_s:.3f}s, within budget"

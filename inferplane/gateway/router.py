@@ -256,7 +256,7 @@ class GatewayRouter:
         self._track_workflow(call, name, now)
         uncached = max(0, call.num_prompt_tokens - cached)
         estimate = self.predictor.predict(view, call.model, uncached, now)
-        self.predictor.on_dispatch(key, name, uncached, estimate)
+        self.predictor.on_dispatch(key, name, uncached, estimate, call.max_tokens)
         return estimate
 
     def _track_workflow(self, call: CallContext, endpoint: str, now: float) -> None:

@@ -75,7 +75,7 @@ class PredictorFeed:
             cached = self.cached_tokens(call, view.name)
         uncached = max(0, call.num_prompt_tokens - cached)
         estimate = self.predictor.predict(view, call.model, uncached, now)
-        self.predictor.on_dispatch(key, view.name, uncached, estimate)
+        self.predictor.on_dispatch(key, view.name, uncached, estimate, call.max_tokens)
         self._dispatched_s[key] = now
 
     def first_token(self, key: str, now: float) -> None:

@@ -43,6 +43,21 @@ def test_slot_wait_uses_the_prior_until_enough_calls_finished() -> None:
     assert _slot_wait_s(pred, 3) == pytest.approx(3 * 20 * STEP_S / 8)
 
 
+def test_dispatched_max_tokens_bound_the_steps_before_any_call_finished() -> None:
+    """A fleet's first seconds: no call has finished, but the calls sent asked for at most
+    40 tokens, so none holds its slot the prior's 256 steps."""
+    pred = _pred(slot_steps_min_calls=5)
+    est = pred.predict(view("e"), "m", 10, 0.0)
+    for i in range(4):
+        pred.on_dispatch(f"c{i}", "e", 10, est, max_output_tokens=40)
+    assert pred.slot_steps(PRIOR) == pytest.approx(40)
+    assert _slot_wait_s(pred, 3) == pytest.approx(3 * 40 * STEP_S / 8)
+    pred.on_dispatch("long", "e", 10, est, max_output_tokens=4000)  # a bound, not a mean
+    assert 40 < pred.slot_steps(PRIOR) <= 256
+    _finish(pred, [20] * 5, start=10)  # learned: 20 steps, under the bound
+    assert pred.slot_steps(PRIOR) == pytest.approx(20)
+
+
 def test_slot_wait_learned_off_keeps_the_prior() -> None:
     pred = _pred(slot_wait_learned=False, slot_steps_min_calls=1)
     _finish(pred, [20] * 10)

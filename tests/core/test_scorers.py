@@ -102,6 +102,28 @@ def test_hot_spot_rule_compares_ttft_not_wait() -> None:
     assert _score(score_kv_cache, views, **{**kw, "est": slower})["holder"] == 0.0
 
 
+def test_a_hot_holder_keeps_its_bonus_while_it_meets_the_budget_with_room() -> None:
+    """Past the TTFT ratio, the holder keeps the prefix bonus while its prediction uses at
+    most ``affinity_budget_use`` of the call's budget: a customer's second call, arriving
+    while the first still prefills on the holder, used to tie on TTFT and go cold."""
+    views = [view("holder"), view("idle")]
+    est = {"holder": _est(ttft_s=1.5, wait_s=1.4), "idle": _est(ttft_s=0.8, wait_s=0.0)}
+    kw = {"est": est, "cached": {"holder": 1000}, "saved": {"holder": 0.6}}  # +0.7 > 0.6
+    assert _score(score_kv_cache, views, **kw)["holder"] == 0.0  # no budget: the ratio rule
+    roomy = call(ttft_budget_s=3.0)  # the holder uses 50% of it
+    ctx, pool = _ctx(views, roomy, **kw)  # type: ignore[arg-type]
+    kept = score_kv_cache(ctx, pool, views[0])
+    assert kept.score == 1.0
+    assert "TTFT +0.700s > saves 0.600s, within budget" in kept.reason
+    tight = call(ttft_budget_s=1.8)  # 83% of it: hot after all
+    ctx, pool = _ctx(views, tight, **kw)  # type: ignore[arg-type]
+    lost = score_kv_cache(ctx, pool, views[0])
+    assert (lost.score, lost.reason) == (0.0, "hot: TTFT +0.700s > saves 0.600s, 83% of budget")
+    off = RoutingConfig(affinity_budget_use=0.0)
+    assert _score(score_kv_cache, views, c=roomy, cfg=off, **kw)["holder"] == 0.0
+    assert _score(score_affinity, views, c=roomy, affinity="holder", **kw)["holder"] == 1.0
+
+
 def test_load_axis_is_relative_to_the_pool() -> None:
     views = [view("a", in_flight=2), view("b", in_flight=10), view("c", waiting=14, running=4)]
     assert _score(score_load, views) == {"a": 1.0, "b": 0.5, "c": pytest.approx(1 / 3)}

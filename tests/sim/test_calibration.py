@@ -97,9 +97,11 @@ def test_the_feed_counts_what_the_endpoint_held_before_the_route_was_guessed(
     on_dispatch = sim.feed.predictor.on_dispatch
     prompts: dict[str, int] = {}
 
-    def spy(key: str, endpoint: str, uncached: int, estimate: LatencyEstimate) -> None:
+    def spy(
+        key: str, endpoint: str, uncached: int, estimate: LatencyEstimate, max_out: int | None
+    ) -> None:
         seen.append((prompts[key], uncached))
-        on_dispatch(key, endpoint, uncached, estimate)
+        on_dispatch(key, endpoint, uncached, estimate, max_out)
 
     dispatched = sim.feed.dispatched
 
