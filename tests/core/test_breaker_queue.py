@@ -234,16 +234,13 @@ def test_while_the_turnover_is_unknown_queued_calls_ttft_is_not_judged(
     assert result.ejected == {"hot": 9}
 
 
-@pytest.mark.xfail(strict=True, reason="known false ejection, not yet fixed")
 def test_calls_of_varied_lengths_queued_on_a_healthy_engine_are_not_outliers() -> None:
     """Found by random draws of this simulation with output lengths uniform in 1..max_tokens
     (5 of 1500 streaming cases ejected the healthy engine, 5 to 259 samples in): 2 slots at
-    0.96x load, max_tokens 63, seed 5216, ejected 5 samples in. Likely cause: the queue
-    wait counts calls ahead at the *geometric* mean decode steps (``decode_steps``, an
-    EWMA in log space seeded by the first call to finish, a short one), while slots free at
-    the rate set by the arithmetic mean; with the log-normal mean of the slot-wait's step
-    statistics (``_StepStats.mean_steps``) the same 1500 cases ejected nobody. Strict: it
-    fails the suite once fixed."""
+    0.96x load, max_tokens 63, seed 5216, ejected 5 samples in, while the queue wait counted
+    calls ahead at the *geometric* mean decode steps (an EWMA in log space seeded by the
+    first call to finish, a short one); slots free at the rate set by the arithmetic mean,
+    which ``decode_steps`` now gives (the slot wait's log-normal mean)."""
     result = run(_fleet(2, 0.96), 63, True, 5216, duration_s=60.0, vary=True)
     assert result.ejected == {}
 
