@@ -251,10 +251,8 @@ class Gateway:
                     headers={"Retry-After": "1"},
                 )  # fmt: skip
             call = admission_call(self, ctx)
-            with tracer.hop("admit") as span:
-                queued_s = await self.gate.enter(call, ctx.api_key_name, len(raw))
-                if tracer.enabled:
-                    span.set_attribute("inferplane.queued_s", queued_s)
+            with tracer.hop("admit"):  # the decision; a call that queues has a ``queue`` hop
+                await self.gate.enter(call, ctx.api_key_name, len(raw))
             admitted = call
             candidates, calls, reason = plan_call(self, ctx, raw, body, call)
             if not candidates:

@@ -27,7 +27,9 @@ A losing attempt's work counts as wasted: its prompt tokens in ``wasted_prefill_
 and its engine time in ``counts['hedge_wasted_ms']``; when the hedge wins, the app's attempt
 hook moves the call's spend meter over to it, so the first attempt's share is retry spend.
 Hedges show as ``inferplane_retries_total{reason="hedge"}`` (hedges that took over), the
-``hedge*`` counts in ``/v1/stats`` and ``inferplane.hedge.*`` attributes on the attempt span.
+``hedge*`` counts in ``/v1/stats``, and in a trace each racer has its own ``upstream`` span
+(``inferplane.hedge.role`` ``primary`` or ``hedge``, ``inferplane.hedge.outcome`` ``won``,
+``lost`` or ``failed``; the first racer's also names the hedge's endpoint and the winner).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from typing import cast
 
 import aiohttp
 from opentelemetry import trace
+from opentelemetry.trace import Span
 
 from inferplane.core.retry import FailureKind
 from inferplane.core.throttle import HedgeConfig, hedge_after_s, hedge_ttft_s, should_hedge
@@ -46,6 +49,7 @@ from inferplane.gateway.exchange import Candidate
 from inferplane.gateway.hedge_io import Primed, failure_of, open_attempt, race_failure, stop
 from inferplane.gateway.relay import CallState
 from inferplane.gateway.reliability import AttemptTiming, Reliability
+from inferplane.gateway.tracing_state import AttemptTrace
 from inferplane.gateway.tracker import EndpointTracker
 
 __all__ = ["HedgeMove", "Hedging"]
@@ -82,6 +86,7 @@ class _Racer:
     task: asyncio.Task[tuple[aiohttp.ClientResponse, bytes]]
     retired: bool = False
     raw_ttft_s: float | None = None  # the hedge delay's base (``predicted`` adds the queue)
+    span: Span = trace.INVALID_SPAN  # its ``upstream`` span (tracing on)
 
 
 class Hedging:
@@ -236,6 +241,10 @@ class _Race:
     ) -> None:
         self.h, self.call, self.state = hedging, call, state
         self.first = self.current = first
+        # The attempt's trace (tracing on): each racer gets a span in it.
+        self.trace: AttemptTrace | None = call.tracer.race() if call.tracer is not None else None
+        if self.trace is not None:
+            first.span = self.trace.spans[0]
         self.racers = [first]
         self.headers, self.client_timeout = headers, client_timeout
         self.ttft_s = hedge_ttft_s(first.raw_ttft_s, hedging._pool_factors(call))
@@ -293,12 +302,16 @@ class _Race:
         call.ex.attempts += 1
         h._tracker.acquire(cand.endpoint)
         h._rel.dispatch(cand.endpoint)
-        racer = h._racer(call, cand, cand.body, self.headers, self.client_timeout, now)
+        headers = self.headers
+        span: Span = trace.INVALID_SPAN
+        if self.trace is not None and call.tracer is not None:
+            after_s = round(now - self.first.started_s, 6)
+            span, own = call.tracer.hedge(self.trace, cand.endpoint, call.ex.attempts, after_s)
+            headers = {**headers, **own}  # the hedge's engine works under the hedge's span
+        racer = h._racer(call, cand, cand.body, headers, self.client_timeout, now)
+        racer.span = span
         self.racers.append(racer)
         self.last_launch_s = now
-        span = trace.get_current_span()
-        span.set_attribute("inferplane.hedge.endpoint", cand.endpoint)
-        span.set_attribute("inferplane.hedge.after_s", round(now - self.first.started_s, 6))
 
     def _judge(self, racer: _Racer) -> aiohttp.ClientResponse | None:
         """The answer when ``racer`` won (or failed last); None: the race goes on."""
@@ -322,27 +335,37 @@ class _Race:
         """A racer failed while others run: account it; the proxy follows another."""
         if racer is self.current:
             self.current = next(r for r in self.racers if not r.retired and r is not racer)
+            if self.trace is not None:
+                self.trace.lead(self.current.span, self.current.endpoint, won=False)
         self.h._rel.counts["hedge_race_failures"] += 1
-        self.h._retire(self.call, racer, failure, lost=False)
+        self._retire(racer, failure, lost=False)
+
+    def _retire(self, racer: _Racer, failure: FailureKind, *, lost: bool) -> None:
+        """``Hedging._retire``, and the racer's span ends (tracing on)."""
+        self.h._retire(self.call, racer, failure, lost=lost)
+        if self.trace is not None:
+            reason = None if lost else failure.value
+            self.trace.out(racer.span, "lost" if lost else "failed", reason)
 
     def _win(self, racer: _Racer, *, won: bool) -> None:
         racer.retired = True
+        if self.trace is not None:  # before the losers' spans end (the first names the winner)
+            self.trace.lead(racer.span, racer.endpoint, won=won)
         for other in self.racers:
             if not other.retired and other is not self.current:
-                self.h._retire(self.call, other, FailureKind.CANCELLED, lost=True)
+                self._retire(other, FailureKind.CANCELLED, lost=True)
         if racer is not self.current:  # the proxy's attempt loses: its accounting is ours
-            self.h._retire(self.call, self.current, FailureKind.CANCELLED, lost=True)
+            self._retire(self.current, FailureKind.CANCELLED, lost=True)
             self.current = racer
         if won and racer is not self.first:
             self.h._rel.counts["hedge_wins"] += 1
-        trace.get_current_span().set_attribute("inferplane.hedge.winner", racer.endpoint)
 
     def _finish(self) -> None:
         """Leaving the race (won, failed or cancelled): no racer keeps running."""
         call, current = self.call, self.current
         for racer in self.racers:
             if not racer.retired and racer is not current:
-                self.h._retire(call, racer, FailureKind.CANCELLED, lost=True)
+                self._retire(racer, FailureKind.CANCELLED, lost=True)
         if not current.task.done():  # the handler was cancelled (the client left)
             stop(current.task)
         self.h._release_slots(call, self.state)

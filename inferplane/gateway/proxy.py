@@ -148,6 +148,8 @@ class Proxy:
         try:
             return await self._run(call, candidates, on_attempt)
         finally:
+            if call.tracer is not None:  # a streamed answer is over: its ``stream`` span ends
+                call.tracer.stream_close(ex, ctx.arrival_s)
             self.hedging.end(call)
             rel.end_call(ctx)
 

@@ -176,6 +176,8 @@ class Responder:
             await out.prepare(call.request)
             call.out = out
             ex.status = 200
+            if call.tracer is not None:
+                call.tracer.stream_open()
         assert call.events is not None
         try:
             await self._pump(call, resp, call.out, call.events)

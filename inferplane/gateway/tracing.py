@@ -6,18 +6,22 @@ A call is a distributed transaction; its trace shows each decision where it was 
       authenticate                        (the API key's tenant; a 401 names its reason)
       context                             (model, priority, stream, workflow)
       cache                               (hit or miss)
-      admit                               (queued_s; a refusal names its reason)
+      admit                               (the decision only; a refusal names its reason)
       queue                               (only a call that waited: reason, exit, waited_s)
       route                               (ranked endpoints, per-axis scores as attributes)
       upstream                            (one per attempt; its traceparent goes to the engine)
+      upstream                            (a hedge racing it: hedge.role, hedge.outcome)
+      stream                              (a streamed answer, open while the client's SSE is)
       resumption                          (a broken stream continued elsewhere)
       upstream                            (retry.reason: resume, or the failed attempt's code)
       account                             (tokens, attempts, cost)
 
 Every span of a call is a child of ``inferplane.call``, wherever it is opened: ``account`` is
-opened by the proxy inside the last attempt, ``queue`` inside ``admit`` (so ``admit``'s time
-includes the wait and ``queue`` shows the wait alone). A hop that raises an ``ApiError`` ends
-with an error status, its HTTP status and ``inferplane.reject.reason``.
+opened by the proxy inside the last attempt, ``queue`` inside ``admit``, which ends as its
+``queue`` opens (``admit`` times the decision, ``queue`` the wait). A hedge is an attempt of
+its own: the race's racers each have an ``upstream`` span, and the one that took over stands
+for the attempt from then on. A hop that raises an ``ApiError`` ends with an error status,
+its HTTP status and ``inferplane.reject.reason``.
 
 The gateway calls a few context managers, one line per hop::
 
@@ -40,15 +44,13 @@ exporter.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
 from aiohttp import web
 from opentelemetry import trace
-from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
@@ -61,6 +63,19 @@ from inferplane.gateway.context import Authenticator, RequestContext, read_conte
 from inferplane.gateway.errors import ApiError
 from inferplane.gateway.exchange import Exchange
 from inferplane.gateway.observability_config import TracingConfig
+from inferplane.gateway.tracing_state import (
+    ATTEMPT,
+    CALL,
+    AttemptTrace,
+    CallSpan,
+    CallTrace,
+    call_context,
+    end_admit,
+    failed,
+    note,
+    otlp_exporter,
+    traceparent,
+)
 
 __all__ = ["TRACER_KEY", "CallSpan", "GatewayTracer", "TracingConfig", "setup_tracing"]
 
@@ -68,32 +83,7 @@ _PROPAGATOR = TraceContextTextMapPropagator()
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _MAX_RANKED = 8  # endpoints whose scores go on the route span (bounded attributes)
 _TRACED_PREFIX = "/v1/"
-_HOPS = frozenset({"authenticate", "context", "cache", "admit", "queue", "account", "stream"})
-#: The root span of the call being served in this context (None outside a call): every span
-#: of the call is opened as its child, wherever the gateway opens it.
-_CALL_SPAN: contextvars.ContextVar[Span | None] = contextvars.ContextVar(
-    "inferplane_call_span", default=None
-)
-
-
-class CallSpan:
-    """The root span of one call; ends with a status (or a rejection with its reason)."""
-
-    __slots__ = ("span",)
-
-    def __init__(self, span: Span) -> None:
-        self.span = span
-
-    def set(self, **attributes: Any) -> None:
-        _note(self.span, attributes)
-
-    def reject(self, status: int, reason: str) -> None:
-        _refused(self.span, status, reason)
-
-    def finish(self, status: int, reason: str | None = None) -> None:
-        self.span.set_attribute("http.response.status_code", status)
-        if status >= 400 or reason:
-            self.span.set_status(Status(StatusCode.ERROR, reason or str(status)))
+_HOPS = frozenset({"authenticate", "context", "cache", "admit", "queue", "account"})
 
 
 class GatewayTracer:
@@ -107,7 +97,9 @@ class GatewayTracer:
         if exporter is not None:
             self.provider.add_span_processor(SimpleSpanProcessor(exporter))
         elif config.enabled and config.otlp_endpoint:
-            self.provider.add_span_processor(BatchSpanProcessor(_otlp(config.otlp_endpoint)))
+            self.provider.add_span_processor(
+                BatchSpanProcessor(otlp_exporter(config.otlp_endpoint))
+            )
         self._tracer = self.provider.get_tracer("inferplane.gateway")
 
     @classmethod
@@ -134,11 +126,14 @@ class GatewayTracer:
             record_exception=False,
             set_status_on_exception=False,
         ) as span:
-            token = _CALL_SPAN.set(span)
+            current = CallTrace(span)
+            token = CALL.set(current)
             try:
                 yield CallSpan(span)
             finally:
-                _CALL_SPAN.reset(token)
+                CALL.reset(token)
+                if current.stream is not None:  # the handler left before closing it
+                    current.stream.end()
 
     def hop(self, name: str, **attributes: Any) -> contextlib.AbstractContextManager[Span]:
         """One hop of the call (``authenticate``, ``context``, ``admit``...).
@@ -149,6 +144,10 @@ class GatewayTracer:
             raise ValueError(f"unknown hop {name!r}")
         if not self.enabled:
             return _NO_HOP
+        if name == "admit":
+            return self._admit(attributes)
+        if name == "queue":
+            end_admit("queued")
         return self._child(name, attributes)
 
     async def read_context(
@@ -200,7 +199,7 @@ class GatewayTracer:
                 attrs[f"inferplane.predicted_ttft_s.{ranked.name}"] = ranked.predicted_ttft_s
             for axis in ranked.axes:
                 attrs[f"{prefix}.{axis.axis}"] = axis.score
-        self._tracer.start_span("route", context=_call_context(), attributes=attrs).end()
+        self._tracer.start_span("route", context=call_context(), attributes=attrs).end()
 
     @contextlib.contextmanager
     def attempt(
@@ -208,24 +207,84 @@ class GatewayTracer:
     ) -> Iterator[dict[str, str]]:
         """One upstream attempt; yields the headers (``traceparent``) to send to the engine.
 
-        The span ends with an error status when the body raises; ``fail(reason)`` on the span
-        marks an attempt that returned an error without raising.
+        The span ends with an error status when the body raises; ``fail_current`` marks an
+        attempt that returned an error without raising. A hedging race adds its racers'
+        spans (``race``, ``hedge``); all end with the attempt, if not before.
         """
-        attrs = {"inferplane.endpoint": endpoint, "inferplane.attempt": attempt}
-        if retry_reason is not None:
-            attrs["inferplane.retry.reason"] = retry_reason
-        with self._child("upstream", attrs, kind=SpanKind.CLIENT) as span:
-            headers: dict[str, str] = {}
-            if span.is_recording():
-                _PROPAGATOR.inject(headers, context=trace.set_span_in_context(span))
-            yield headers
+        if not self.enabled:
+            yield {}
+            return
+        attrs = {"endpoint": endpoint, "attempt": attempt, "retry.reason": retry_reason}
+        span = self._start("upstream", attrs, SpanKind.CLIENT)
+        current = AttemptTrace(span)
+        token = ATTEMPT.set(current)
+        try:
+            with trace.use_span(span, record_exception=False, set_status_on_exception=False):
+                yield traceparent(span)
+        except Exception as exc:
+            failed(current.span, exc)
+            raise
+        finally:
+            ATTEMPT.reset(token)
+            for racer in current.spans:
+                if racer.is_recording():
+                    racer.end()
 
     def fail_current(self, reason: str, status: int | None = None) -> None:
-        """Mark the current span (an attempt, a hop) failed with ``reason``."""
-        span = trace.get_current_span()
-        if status is not None:
-            span.set_attribute("http.response.status_code", status)
-        span.set_status(Status(StatusCode.ERROR, reason))
+        """Mark the current attempt (the racer standing for it) or hop failed with ``reason``."""
+        current = ATTEMPT.get()
+        span = current.span if current is not None else trace.get_current_span()
+        if span.is_recording():
+            if status is not None:
+                span.set_attribute("http.response.status_code", status)
+            span.set_status(Status(StatusCode.ERROR, reason))
+
+    # ---- a hedging race: each racer has its own ``upstream`` span ---------------------------
+
+    def race(self) -> AttemptTrace | None:
+        """The attempt open in this context, for a hedging race to trace its racers in."""
+        return ATTEMPT.get() if self.enabled else None
+
+    def hedge(
+        self, race: AttemptTrace, endpoint: str, attempt: int, after_s: float
+    ) -> tuple[Span, dict[str, str]]:
+        """A hedge joins ``race``: its ``upstream`` span (``inferplane.hedge.role`` ``hedge``;
+        the first racer's becomes ``primary``) and the ``traceparent`` to send its engine."""
+        first = race.spans[0]
+        if first.is_recording():
+            note(first, {"hedge.role": "primary", "hedge.endpoint": endpoint,
+                         "hedge.after_s": after_s})  # fmt: skip
+        attrs = {"endpoint": endpoint, "attempt": attempt, "hedge.role": "hedge",
+                 "hedge.after_s": after_s}  # fmt: skip
+        span = self._start("upstream", attrs, SpanKind.CLIENT)
+        race.spans.append(span)
+        return span, traceparent(span)
+
+    # ---- the client's stream ---------------------------------------------------------------
+
+    def stream_open(self) -> None:
+        """The client's SSE stream is prepared: the call's ``stream`` span opens."""
+        call = CALL.get()
+        if self.enabled and call is not None and call.stream is None:
+            call.stream = self._start("stream", {})
+
+    def stream_close(self, done: Exchange, arrival_s: float) -> None:
+        """The client's stream is over: what it carried, and how it ended."""
+        call = CALL.get()
+        span = call.stream if call is not None else None
+        if span is None or call is None:
+            return
+        call.stream = None
+        first = done.first_token_s
+        note(span, {
+            "ttft_s": None if first is None else round(first - arrival_s, 6),
+            "tpot_s": done.tpot_s(), "completion_tokens": done.completion_tokens,
+            "chunks": done.chunks, "segments": 1 + done.resumptions, "status": done.status,
+            "reason": done.reason or None,
+        })  # fmt: skip
+        if not done.completed and done.status != 499:
+            span.set_status(Status(StatusCode.ERROR, done.reason or "stream ended early"))
+        span.end()
 
     def resumption(self, from_endpoint: str, num_tokens: int, reason: str) -> None:
         """A stream broke after ``num_tokens`` and will continue on another endpoint."""
@@ -236,13 +295,13 @@ class GatewayTracer:
             "inferplane.resume.tokens": num_tokens,
             "inferplane.resume.reason": reason,
         }
-        self._tracer.start_span("resumption", context=_call_context(), attributes=attrs).end()
+        self._tracer.start_span("resumption", context=call_context(), attributes=attrs).end()
 
     def note(self, span: Span, **attributes: Any) -> None:
         """Set ``inferplane.<name>`` attributes (None values skipped) on a hop's span.
 
         The caller guards the call with ``tracer.enabled`` (off: not even the keywords)."""
-        _note(span, attributes)
+        note(span, attributes)
 
     @contextlib.contextmanager
     def _child(
@@ -251,59 +310,42 @@ class GatewayTracer:
         if not self.enabled:
             yield trace.INVALID_SPAN
             return
-        attrs = {k if k.startswith(("inferplane.", "http.")) else f"inferplane.{k}": v
-                 for k, v in attributes.items() if v is not None}  # fmt: skip
-        with self._tracer.start_as_current_span(
-            name,
-            context=_call_context(),
-            kind=kind,
-            attributes=attrs,
-            set_status_on_exception=False,
-        ) as span:
+        span = self._start(name, attributes, kind)
+        with trace.use_span(span, record_exception=False, set_status_on_exception=False):
             try:
                 yield span
             except Exception as exc:
-                _failed(span, exc)
+                failed(span, exc)
                 raise
+            finally:
+                if span.is_recording():  # ``admit`` may have ended as its ``queue`` began
+                    span.end()
 
+    @contextlib.contextmanager
+    def _admit(self, attributes: Mapping[str, Any]) -> Iterator[Span]:
+        """The ``admit`` hop: the decision alone (``inferplane.admit.decision``); a call that
+        queues ends it as its ``queue`` hop opens."""
+        call = CALL.get()
+        decision = "rejected"
+        with self._child("admit", attributes) as span:
+            if call is not None:
+                call.admit = span
+            try:
+                yield span
+                decision = "admitted"
+            finally:
+                if call is not None:
+                    call.admit = None
+                if span.is_recording():  # not ended by a queue wait
+                    span.set_attribute("inferplane.admit.decision", decision)
 
-def _call_context() -> Context | None:
-    """The context whose current span is the call's root (None: the current context)."""
-    call = _CALL_SPAN.get()
-    return None if call is None else trace.set_span_in_context(call)
-
-
-def _note(span: Span, attributes: Mapping[str, Any]) -> None:
-    for key, value in attributes.items():
-        if value is not None:
-            span.set_attribute(f"inferplane.{key}", value)
-
-
-def _refused(span: Span, status: int, reason: str) -> None:
-    span.set_attribute("http.response.status_code", status)
-    span.set_attribute("inferplane.reject.reason", reason)
-    span.set_status(Status(StatusCode.ERROR, reason))
-
-
-def _failed(span: Span, exc: Exception) -> None:
-    """A hop raised: a refusal names its code; other errors keep a status already set."""
-    if isinstance(exc, ApiError):
-        _refused(span, exc.status, exc.code or exc.error_type)
-    elif not isinstance(span, ReadableSpan) or span.status.status_code is StatusCode.UNSET:
-        span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
-
-
-def _otlp(endpoint: str) -> SpanExporter:
-    try:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # type: ignore[import-not-found,unused-ignore]
-            OTLPSpanExporter,
-        )
-    except ImportError as exc:  # pragma: no cover - depends on an optional package
-        raise RuntimeError(
-            "tracing.otlp_endpoint needs the package opentelemetry-exporter-otlp-proto-http"
-        ) from exc
-    exporter: SpanExporter = OTLPSpanExporter(endpoint=endpoint)
-    return exporter
+    def _start(
+        self, name: str, attributes: Mapping[str, Any], kind: SpanKind = SpanKind.INTERNAL
+    ) -> Span:
+        """A span of the call, child of its root (ended by the caller)."""
+        attrs = {k if k.startswith(("inferplane.", "http.")) else f"inferplane.{k}": v
+                 for k, v in attributes.items() if v is not None}  # fmt: skip
+        return self._tracer.start_span(name, context=call_context(), kind=kind, attributes=attrs)
 
 
 class _NoHop:

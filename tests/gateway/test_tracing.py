@@ -3,6 +3,7 @@ call, W3C traceparent in (client) and out (to a real engine over loopback HTTP),
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import aiohttp
@@ -144,6 +145,48 @@ def test_resumed_call_shows_the_break_and_the_continuation() -> None:
     assert (resume.attributes or {})["inferplane.resume.from"] == "e0"
     broken = min(_named(spans, "upstream"), key=lambda s: s.start_time or 0)
     assert broken.status.status_code is StatusCode.ERROR
+
+
+def test_admit_ends_where_the_queue_wait_begins() -> None:
+    tracer, exporter = GatewayTracer.in_memory()
+    with tracer.call({}, "req-5", "/v1/chat/completions"):
+        with tracer.hop("admit"), tracer.hop("queue"):  # the gate queues inside ``admit``
+            time.sleep(0.05)
+        with tracer.hop("admit"):
+            pass
+    spans = exporter.get_finished_spans()
+    assert _tree(spans)["inferplane.call"] == ["admit", "queue", "admit"]  # all siblings
+    queued, admitted = sorted(_named(spans, "admit"), key=lambda s: s.start_time or 0)
+    (queue,) = _named(spans, "queue")
+    assert (queued.attributes or {})["inferplane.admit.decision"] == "queued"
+    assert (admitted.attributes or {})["inferplane.admit.decision"] == "admitted"
+    assert (queued.end_time or 0) <= (queue.start_time or 0)
+    assert (queue.end_time or 0) - (queue.start_time or 0) >= 50_000_000
+
+
+def test_a_race_has_a_span_per_racer_and_failures_go_to_the_racer_that_leads() -> None:
+    tracer, exporter = GatewayTracer.in_memory()
+    call = tracer.call({}, "req-6", "/v1/chat/completions")
+    with call, pytest.raises(ConnectionError), tracer.attempt("e0", 1) as first_headers:
+        race = tracer.race()
+        assert race is not None
+        span, headers = tracer.hedge(race, "e1", 2, 0.3)
+        race.out(race.spans[0], "failed", "reset")  # the first drops out of the race
+        race.lead(span, "e1", won=False)  # the hedge is the attempt now ...
+        tracer.fail_current("upstream_error", 502)  # ... and fails last
+        raise ConnectionError
+    spans = exporter.get_finished_spans()
+    assert _tree(spans)["inferplane.call"] == ["upstream", "upstream"]
+    first, hedge = sorted(_named(spans, "upstream"), key=lambda s: s.start_time or 0)
+    f, h = first.attributes or {}, hedge.attributes or {}
+    assert (f["inferplane.hedge.role"], f["inferplane.hedge.outcome"]) == ("primary", "failed")
+    assert first.status.status_code is StatusCode.ERROR and first.status.description == "reset"
+    assert (h["inferplane.hedge.role"], h["inferplane.attempt"]) == ("hedge", 2)
+    assert hedge.status.description == "upstream_error" and h["http.response.status_code"] == 502
+    assert "inferplane.hedge.outcome" not in h and "inferplane.hedge.winner" not in f
+    assert first_headers["traceparent"].split("-")[2] == f"{first.context.span_id:016x}"
+    assert headers["traceparent"].split("-")[2] == f"{hedge.context.span_id:016x}"
+    assert tracer.race() is None  # outside the attempt
 
 
 async def test_traceparent_reaches_the_engine_over_http() -> None:

@@ -1,5 +1,6 @@
 """Tracing through a live gateway over loopback HTTP: the span tree of a normal, a refused, a
-queued, a retried and a resumed call, and the ``traceparent`` each engine received.
+queued, a retried, a resumed, a streamed and a hedged call, and the ``traceparent`` each
+engine received.
 
 The engines are the fakes of ``fakes.py`` with a shared fault script (the first requests,
 on whichever engine the router picks, misbehave as scripted), so the tests do not depend on
@@ -25,6 +26,7 @@ from opentelemetry.util.types import AttributeValue
 from inferplane.config import FleetConfig, hash_api_key
 from inferplane.core.admission_config import AdmissionConfig, QuotaLimits, QuotasConfig
 from inferplane.gateway.app import Gateway, start_server
+from inferplane.gateway.reliability_config import ReliabilityConfig
 from inferplane.gateway.tracing import TracingConfig
 from tests.gateway.fakes import FakeEngine, fleet_config, serving
 from tests.gateway.test_admission_wiring import _one_slot
@@ -33,6 +35,7 @@ CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 TRACEPARENT = f"00-{CLIENT_TRACE}-00f067aa0ba902b7-01"
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 HOPS_BEFORE_ROUTE = ["authenticate", "context", "cache", "admit"]
+WAIT_S = 0.2  # how long a queued call is kept waiting
 
 
 @dataclass
@@ -50,6 +53,8 @@ class TracedEngine(FakeEngine):
         self.mode = self.script.pop(0) if self.script else "ok"
         if self.hold is not None:
             await self.hold.wait()
+        if self.mode == "stall":  # no first token until the gateway gives up on it
+            await asyncio.sleep(30)
         return await super()._generate(request)
 
 
@@ -148,7 +153,7 @@ async def test_normal_call_has_every_hop_and_sends_its_traceparent_to_the_engine
     context = call.attrs("context")
     assert context["inferplane.model"] == "m" and context["inferplane.priority"] == "standard"
     assert context["inferplane.workflow_id"] == "wf-1"  # the client's id, not the tenant-scoped
-    assert call.attrs("admit")["inferplane.queued_s"] == 0.0
+    assert call.attrs("admit")["inferplane.admit.decision"] == "admitted"
     upstream = call.one("upstream")
     assert upstream.kind is SpanKind.CLIENT and upstream.status.status_code is StatusCode.UNSET
     assert (upstream.attributes or {})["inferplane.endpoint"] == "e0"
@@ -175,6 +180,7 @@ async def test_refused_calls_end_at_the_hop_that_refused_them() -> None:
     ok, over_quota, bad_key = _traces(exporter)
     assert ok.attrs("authenticate")["inferplane.tenant"] == "t"
     assert over_quota.names() == HOPS_BEFORE_ROUTE  # no route, upstream or account
+    assert over_quota.attrs("admit")["inferplane.admit.decision"] == "rejected"
     for span in (over_quota.root, over_quota.one("admit")):
         attrs = span.attributes or {}
         assert span.status.status_code is StatusCode.ERROR
@@ -187,7 +193,7 @@ async def test_refused_calls_end_at_the_hop_that_refused_them() -> None:
     assert len(engines[0].traceparents) == 1  # only the admitted call reached the engine
 
 
-async def test_a_call_that_waits_in_the_queue_has_a_queue_hop() -> None:
+async def test_a_call_that_waits_in_the_queue_has_a_queue_hop_after_its_admit_hop() -> None:
     async with _engines(1) as engines:
         engine = engines[0]
         engine.hold = asyncio.Event()
@@ -196,6 +202,7 @@ async def test_a_call_that_waits_in_the_queue_has_a_queue_hop() -> None:
             await _until(lambda: len(engine.traceparents) == 1)  # holds the only slot
             second = asyncio.ensure_future(_post(url))
             await _until(lambda: bool(gw.gate.core.queue))
+            await asyncio.sleep(WAIT_S)
             engine.hold.set()
             assert [(await first)[0], (await second)[0]] == [200, 200]
     served, queued = _traces(exporter)
@@ -205,8 +212,13 @@ async def test_a_call_that_waits_in_the_queue_has_a_queue_hop() -> None:
     assert queue["inferplane.queue.exit"] == "dispatched"
     assert queue["inferplane.priority"] == "standard" and queue["inferplane.queue.reason"]
     waited = queue["inferplane.queued_s"]
-    assert isinstance(waited, float) and waited > 0
-    assert queued.attrs("admit")["inferplane.queued_s"] == waited
+    assert isinstance(waited, float) and waited >= WAIT_S
+    # ``admit`` times the decision and ends as the wait begins; ``queue`` times the wait.
+    admit, wait = queued.one("admit"), queued.one("queue")
+    assert queued.attrs("admit")["inferplane.admit.decision"] == "queued"
+    assert _seconds(admit) < WAIT_S / 2 and _seconds(wait) >= WAIT_S
+    assert (admit.end_time or 0) <= (wait.start_time or 0)
+    assert served.attrs("admit")["inferplane.admit.decision"] == "admitted"
 
 
 async def test_retried_call_has_an_upstream_span_per_attempt_each_sent_to_its_engine() -> None:
@@ -245,8 +257,10 @@ async def test_resumed_stream_shows_the_break_the_resumption_and_the_continuatio
     assert status == 200 and b'"error"' not in raw and raw.count(b"data: [DONE]") == 1
     (call,) = _traces(exporter)
     assert call.names() == [
-        *HOPS_BEFORE_ROUTE, "route", "upstream", "resumption", "upstream", "account",
+        *HOPS_BEFORE_ROUTE, "route", "upstream", "stream", "resumption", "upstream", "account",
     ]  # fmt: skip
+    stream = call.attrs("stream")
+    assert stream["inferplane.segments"] == 2 and stream["inferplane.status"] == 200
     broken, continued = call.all("upstream")
     broken_at = str((broken.attributes or {})["inferplane.endpoint"])
     assert broken.status.status_code is StatusCode.ERROR
@@ -261,9 +275,76 @@ async def test_resumed_stream_shows_the_break_the_resumption_and_the_continuatio
     assert sent[str(cont["inferplane.endpoint"])] == [_traceparent_of(continued)]
 
 
+async def test_streamed_call_has_a_stream_span_while_the_client_stream_is_open() -> None:
+    async with _engines(1) as engines, _traced(_fleet(engines)) as (_, url, exporter):
+        status, raw = await _post(url, {**CHAT, "stream": True})
+    assert status == 200 and raw.count(b"data: [DONE]") == 1
+    (call,) = _traces(exporter)
+    assert call.names() == [*HOPS_BEFORE_ROUTE, "route", "upstream", "stream", "account"]
+    stream, upstream = call.one("stream"), call.one("upstream")
+    assert stream.status.status_code is StatusCode.UNSET
+    attrs = call.attrs("stream")
+    assert attrs["inferplane.completion_tokens"] == 5 and attrs["inferplane.segments"] == 1
+    assert attrs["inferplane.status"] == 200 and int(attrs["inferplane.chunks"]) >= 5  # type: ignore[call-overload]
+    ttft_s = attrs["inferplane.ttft_s"]
+    assert isinstance(ttft_s, float) and 0 < ttft_s < _seconds(call.root)
+    # It opens once the engine answered (inside the attempt) and closes with the relay.
+    assert (upstream.start_time or 0) < (stream.start_time or 0)
+    assert (stream.end_time or 0) <= (call.root.end_time or 0)
+    (whole,) = _traces(await _one_call(CHAT))
+    assert "stream" not in whole.names()  # a whole answer has no client stream
+
+
+async def _one_call(body: Any) -> InMemorySpanExporter:
+    async with _engines(1) as engines, _traced(_fleet(engines)) as (_, url, exporter):
+        assert (await _post(url, body))[0] == 200
+    return exporter
+
+
+HEDGE_S = 0.2  # a short fixed hedge delay (no engine profile to predict from)
+HEDGE = {"enabled": True, "min_delay_s": HEDGE_S, "default_delay_s": HEDGE_S, "p95_over_mean": 1e-9}
+
+
+async def test_hedged_call_has_an_upstream_span_per_racer_naming_hedge_and_winner() -> None:
+    async with _engines(2, script=["stall"]) as engines:  # the first attempt never answers
+        hedged = {"reliability": ReliabilityConfig.model_validate({"hedge": HEDGE})}
+        async with _traced(_fleet(engines).model_copy(update=hedged)) as (_, url, exporter):
+            status, raw = await _post(url, {**CHAT, "stream": True}, **{"X-Priority": "critical"})
+    assert status == 200 and raw.count(b"data: [DONE]") == 1
+    (call,) = _traces(exporter)
+    racers = ["upstream", "upstream"]  # the first attempt, then its hedge
+    assert call.names() == [*HOPS_BEFORE_ROUTE, "route", *racers, "stream", "account"]
+    primary, hedge = call.all("upstream")
+    p, h = primary.attributes or {}, hedge.attributes or {}
+    assert primary.kind is SpanKind.CLIENT and hedge.kind is SpanKind.CLIENT
+    assert (p["inferplane.hedge.role"], p["inferplane.hedge.outcome"]) == ("primary", "lost")
+    assert (h["inferplane.hedge.role"], h["inferplane.hedge.outcome"]) == ("hedge", "won")
+    assert (p["inferplane.attempt"], h["inferplane.attempt"]) == (1, 2)
+    winner = h["inferplane.endpoint"]
+    assert p["inferplane.hedge.winner"] == p["inferplane.hedge.endpoint"] == winner
+    assert p["inferplane.endpoint"] != h["inferplane.endpoint"]
+    assert float(h["inferplane.hedge.after_s"]) >= HEDGE_S  # type: ignore[arg-type]
+    assert "inferplane.retry.reason" not in h  # a hedge races; it is not a retry
+    assert primary.status.status_code is StatusCode.UNSET  # lost, not failed
+    assert hedge.status.status_code is StatusCode.UNSET
+    # The loser's span ends when it lost; the winner's once it has relayed the answer.
+    assert (primary.end_time or 0) <= (call.one("stream").start_time or 0)
+    assert (hedge.end_time or 0) >= (call.one("account").end_time or 0)
+    assert (call.root.attributes or {})["inferplane.endpoint"] == h["inferplane.endpoint"]
+    assert call.attrs("account")["inferplane.attempts"] == 2
+    # Each engine worked under its own racer's span.
+    sent = {e.name: e.traceparents for e in engines}
+    assert sent[str(p["inferplane.endpoint"])] == [_traceparent_of(primary)]
+    assert sent[str(h["inferplane.endpoint"])] == [_traceparent_of(hedge)]
+
+
 async def _until(cond: Any, timeout_s: float = 5.0) -> None:
     for _ in range(int(timeout_s / 0.01)):
         if cond():
             return
         await asyncio.sleep(0.01)
     raise AssertionError("condition not met in time")
+
+
+def _seconds(span: ReadableSpan) -> float:
+    return ((span.end_time or 0) - (span.start_time or 0)) / 1e9
