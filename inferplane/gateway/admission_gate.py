@@ -115,7 +115,7 @@ class AdmissionGate:
                 await self._take_shared(call, api_key)
         now = self._clock()
         pool = self._views(now, call.model)
-        prio = call.priority.value
+        prio: str = call.priority._value_  # ``.value`` is an interpreted property
         if self._fast_admit(call, pool, now, api_key):
             self._metrics.count_admission("admitted", "admitted", prio)
             return 0.0

@@ -10,7 +10,8 @@ nowhere else. Anything malformed becomes an :class:`ApiError` naming the bad hea
 from __future__ import annotations
 
 import hashlib
-import random
+import itertools
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -173,9 +174,22 @@ def request_id_from(headers: Mapping[str, str]) -> str:
 def _request_id(given: str | None) -> str:
     if given and _SAFE_ID.match(given):
         return given
-    # 128 random bits as 32 hex digits, like uuid4().hex without a syscall per call (the
-    # module's generator is reseeded in forked workers, so ids stay distinct across them).
-    return f"{random.getrandbits(128):032x}"
+    # 32 hex digits, like uuid4().hex: 64 random bits drawn once per process, then a counter
+    # (a fifth of the CPU of 128 fresh random bits per call; distinct across processes).
+    return f"{_id_prefix}{next(_ID_COUNTER):016x}"
+
+
+def _new_id_prefix() -> None:
+    """A fresh random half for the process's request ids (at import, and in a forked child,
+    whose ids must not repeat its parent's)."""
+    global _id_prefix
+    _id_prefix = os.urandom(8).hex()
+
+
+_id_prefix = ""
+_ID_COUNTER = itertools.count()
+_new_id_prefix()
+os.register_at_fork(after_in_child=_new_id_prefix)
 
 
 def _positive_ms(found: Mapping[str, str], name: str) -> float | None:

@@ -224,7 +224,7 @@ class Hedging:
         elif failure is FailureKind.CONNECT:
             self._tracker.report_connect_error(racer.endpoint)
         self._tracker.release(racer.endpoint)
-        self._rel.record(racer.endpoint, failure, AttemptTiming(), now)
+        self._rel.record(racer.endpoint, failure, AttemptTiming(), now, attempt=id(call))
 
 
 class _Race:

@@ -39,7 +39,6 @@ from inferplane.core.resumption import (
     plan_resumption,
 )
 from inferplane.core.retry import Failure, FailureKind, failure_of_status
-from inferplane.core.types import PriorityClass
 from inferplane.gateway.context import ApiKind, RequestContext
 from inferplane.gateway.errors import ApiError
 from inferplane.gateway.exchange import Candidate, Exchange, Finisher
@@ -56,7 +55,7 @@ from inferplane.gateway.relay import (
 from inferplane.gateway.reliability import AttemptTiming, Reliability
 from inferplane.gateway.reliability_config import ReliabilityConfig
 from inferplane.gateway.sse_filter import read_usage
-from inferplane.gateway.tracing import TRACER_KEY
+from inferplane.gateway.tracing import TRACER_KEY, GatewayTracer
 from inferplane.gateway.tracker import EndpointTracker
 from inferplane.gateway.upstream import UpstreamClient
 
@@ -81,7 +80,9 @@ class Proxy:
         self._timeouts = timeouts
         self._retries = retries
         self._clock = clock
-        self._timeout_of: dict[tuple[PriorityClass, bool], aiohttp.ClientTimeout] = {}
+        # By (id of the class, stream): an enum member hashes by an interpreted __hash__.
+        self._timeout_of: dict[tuple[int, bool], aiohttp.ClientTimeout] = {}
+        self._tracer_of: tuple[object, GatewayTracer | None] | None = None  # (app, tracer)
         self._out = Responder(clock)
         self.reliability = Reliability(
             reliability or ReliabilityConfig(), tracker, clock, predictor
@@ -98,7 +99,7 @@ class Proxy:
         retry or resumption (``again``: the call's attempts together stay within it), and
         never past the client's deadline; None when nothing is left for another attempt."""
         if ctx.deadline_s is None and not again:  # the common case: one value per class, mode
-            key = (ctx.priority, ctx.stream)
+            key = (id(ctx.priority), ctx.stream)
             found = self._timeout_of.get(key)
             if found is None:
                 built = self._build_timeout(ctx, False)
@@ -140,10 +141,7 @@ class Proxy:
         """
         rel = self.reliability
         rel.begin_call(ctx, self._clock())
-        tracer = request.app.get(TRACER_KEY)
-        call = CallState(
-            request, ctx, ex, finish, tracer if tracer is not None and tracer.enabled else None
-        )
+        call = CallState(request, ctx, ex, finish, self._tracer(request.app))
         self.hedging.begin(call, candidates, on_attempt)
         try:
             return await self._run(call, candidates, on_attempt)
@@ -152,6 +150,14 @@ class Proxy:
                 call.tracer.stream_close(ex, ctx.arrival_s)
             self.hedging.end(call)
             rel.end_call(ctx)
+
+    def _tracer(self, app: web.Application) -> GatewayTracer | None:
+        """The app's tracer when tracing is on (looked up once per app, not per call)."""
+        found = self._tracer_of
+        if found is None or found[0] is not app:
+            found = self._tracer_of = (app, app.get(TRACER_KEY))
+        tracer = found[1]
+        return tracer if tracer is not None and tracer.enabled else None
 
     async def _run(
         self,
@@ -266,7 +272,7 @@ class Proxy:
         rel.dispatch(name)
         started_s = call.attempt_started_s = self._clock()
         estimate, ex.dispatch_estimate = ex.dispatch_estimate, None
-        predicted = rel.predict(name, call.ctx, started_s, estimate)
+        predicted = rel.predict(name, call.ctx, started_s, estimate, attempt=id(call))
         if call.events is not None:
             call.events.new_segment(started_s)
         failure: FailureKind | None = FailureKind.CANCELLED
@@ -287,7 +293,8 @@ class Proxy:
             if moved is not None:
                 name, started_s, predicted = moved.endpoint, moved.started_s, moved.predicted
             self._tracker.release(name)
-            rel.record(name, failure, self._timing(call, started_s, predicted), self._clock())
+            timing = self._timing(call, started_s, predicted)
+            rel.record(name, failure, timing, self._clock(), attempt=id(call))
 
     def _timing(
         self, call: CallState, started_s: float, predicted: tuple[float | None, float | None]

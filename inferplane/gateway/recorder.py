@@ -57,7 +57,7 @@ class Recorder:
             self.metrics.fallbacks.labels(self._label(ctx.model), record.model).inc()
         self.metrics.observe_request(
             self._label(ctx.model),
-            ctx.priority.value,
+            ctx.priority._value_,  # ``.value`` is an interpreted property
             str(ex.status or 502),
             None if ex.first_token_s is None else ex.first_token_s - ctx.arrival_s,
             ex.tbt_s,

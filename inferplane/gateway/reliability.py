@@ -23,8 +23,9 @@ needed: with no traffic nobody needs the answer. The sweep also looks at the att
 running: a degraded GPU's streams are slow to *end* (and its clients time out first), so an
 attempt already running longer than the breaker's latency limit times its predicted whole
 duration (TTFT + TPOT x (max_tokens - 1)) is reported at once, as a lower bound
-(``BreakerBoard.observe_overdue``). Attempts are told apart by the asyncio task that runs
-them (``predict`` at dispatch and ``record`` at the end run in the proxy's handler task).
+(``BreakerBoard.observe_overdue``). Attempts are told apart by the caller's ``attempt`` key
+(the proxy passes its call's; ``predict`` at dispatch and ``record`` at the end are made for
+the same call), or else by the asyncio task that runs them.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import weakref
 from collections import Counter
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
@@ -75,7 +75,7 @@ class AttemptTiming:
         object.__setattr__(self, "predicted_tbt_s", predicted_tbt_s)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class _Running:
     """An attempt in progress: where, since when, and how long it should take in all."""
 
@@ -84,6 +84,21 @@ class _Running:
     predicted_s: float | None  # TTFT + TPOT x (max_tokens - 1); None: unknown length
     num_tokens: int = 0  # max_tokens
     overdue: bool = False  # reported to the breaker already
+
+    # Written out (init=False): mypyc compiles it; a generated __init__ runs interpreted.
+    def __init__(
+        self,
+        endpoint: str,
+        started_s: float,
+        predicted_s: float | None,
+        num_tokens: int = 0,
+        overdue: bool = False,
+    ) -> None:
+        self.endpoint = endpoint
+        self.started_s = started_s
+        self.predicted_s = predicted_s
+        self.num_tokens = num_tokens
+        self.overdue = overdue
 
 
 class Reliability:
@@ -113,9 +128,10 @@ class Reliability:
         self._active: Counter[str] = Counter()
         self._restore: dict[str, EndpointState] = {}  # state to return to after ejection
         self._last_sweep_s = clock()
-        self._running: weakref.WeakKeyDictionary[asyncio.Task[object], _Running] = (
-            weakref.WeakKeyDictionary()
-        )
+        # Attempts watched, by the caller's key (or task): a plain dict, as ``record``
+        # always follows ``predict`` (the proxy's ``finally``); a weak one costs interpreted
+        # calls per attempt.
+        self._running: dict[object, _Running] = {}
         self.counts: Counter[str] = Counter()  # retries, denials, resumptions, ejections
         tracker.attach_reliability(self)
 
@@ -172,11 +188,12 @@ class Reliability:
         ctx: RequestContext,
         now: float,
         estimate: LatencyEstimate | None = None,
+        attempt: object | None = None,
     ) -> tuple[float | None, float | None]:
         """The uncalibrated (TTFT, TPOT) predicted for ``ctx`` on ``endpoint`` now (routing's
         ``estimate`` at dispatch when given, not computed twice), the TTFT with the wait
         for the engine's queue (``expected``); the attempt is watched until ``record``
-        (called from the same task) ends it."""
+        (given the same ``attempt`` key, or called from the same task) ends it."""
         if self.predictor is None:
             return None, None
         ttft_s, tpot_s = self.expected(endpoint, ctx.model, ctx.num_prompt_tokens, now, estimate)
@@ -184,9 +201,9 @@ class Reliability:
         if num_tokens > 0 and ttft_s is not None and self.config.breaker.enabled:
             # Watched only with a predicted total: the overdue check skips the others.
             total = ttft_s + tpot_s * (num_tokens - 1)
-            task = _current_task() if total else None
-            if task is not None:
-                self._running[task] = _Running(endpoint, now, total, num_tokens)
+            key = (attempt if attempt is not None else _current_task()) if total else None
+            if key is not None:
+                self._running[key] = _Running(endpoint, now, total, num_tokens)
         return ttft_s, tpot_s
 
     def expected(
@@ -221,14 +238,20 @@ class Reliability:
             self.board.on_dispatch(endpoint)
 
     def record(
-        self, endpoint: str, failure: FailureKind | None, timing: AttemptTiming, now: float
+        self,
+        endpoint: str,
+        failure: FailureKind | None,
+        timing: AttemptTiming,
+        now: float,
+        attempt: object | None = None,
     ) -> None:
-        """One attempt on ``endpoint`` ended (``failure`` None: it succeeded)."""
+        """One attempt on ``endpoint`` ended (``failure`` None: it succeeded); ``attempt``:
+        the key ``predict`` was given (None: the current task)."""
         if not self.config.breaker.enabled:
             return
         tbt_s, predicted_tbt_s = timing.tbt_s, timing.predicted_tbt_s
-        task = _current_task() if self._running else None
-        running = None if task is None else self._running.pop(task, None)
+        key = (attempt if attempt is not None else _current_task()) if self._running else None
+        running = None if key is None else self._running.pop(key, None)
         if running is not None and running.endpoint == endpoint and running.overdue:
             tbt_s = predicted_tbt_s = None  # its slowness is counted already
         outcome = Outcome(failure, timing.ttft_s, timing.predicted_ttft_s, tbt_s, predicted_tbt_s)

@@ -102,7 +102,7 @@ class CacheLookup:
 
     def headers(self) -> dict[str, str]:
         """The response headers that say how the call was served."""
-        out = {CACHE_HEADER: self.status.value}
+        out: dict[str, str] = {CACHE_HEADER: self.status._value_}  # not the property
         if self.similarity is not None:
             out[SIMILARITY_HEADER] = f"{self.similarity:.4f}"
         return out
@@ -181,6 +181,8 @@ class ResponseCache:
         the embedding goes through the batcher's drain task and the index is scanned on the
         event loop once it returns."""
         self.config = config
+        # ``config.route`` is a method of the (interpreted) pydantic model: its parts, once.
+        self._routes, self._default_route = config.routes, config.default
         self.one_hop = one_hop
         self._clock = clock
         self.backend = backend if backend is not None else build_backend(config, clock)
@@ -238,7 +240,7 @@ class ResponseCache:
         self, ctx: RequestContext, body: Mapping[str, Any], headers: Mapping[str, str]
     ) -> CacheLookup:
         """Find a stored answer for this call, or say what to store once it is answered."""
-        route = self.config.route(ctx.model)
+        route = self._routes.get(ctx.model, self._default_route)  # ``config.route``
         allowed = eligibility(route, body, headers.get("Cache-Control"))
         if not allowed.write:
             self.ledger.on_lookup(CacheStatus.BYPASS, allowed.reason)

@@ -86,6 +86,9 @@ class Front:
         self.max_body_bytes = routes.max_body_bytes
         self.hot_paths = frozenset(routes.handlers)
         self.handlers = {p: _chain(app, h) for p, h in routes.handlers.items()}
+        # The app is frozen once its runner is set up (before any site starts): its
+        # response-prepare hooks (a worker's tag) are known now, not looked up per call.
+        self.prepare_hooks = bool(app.on_response_prepare)
         self.connections: set[FrontProtocol] = set()
         self.closing = False
         self.served = 0  # requests answered here
@@ -251,7 +254,7 @@ class FrontProtocol(BaseProtocol):
         transport = self.transport
         if transport is None or transport.is_closing():
             return False
-        if not response.prepared:  # response-prepare hooks (a worker's tag) go first
+        if self.front.prepare_hooks and not response.prepared:  # a worker's tag goes first
             await request._prepare_hook(response)
         keep_alive = request.keep_alive and response.keep_alive is not False
         data = encode_response(response, keep_alive)

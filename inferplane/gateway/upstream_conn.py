@@ -66,7 +66,12 @@ class Connection(asyncio.Protocol):
         self.keep_alive = True
         self.cstate = _SIZE
         self.cbuf = b""
+        # The current answer's total-time limit: ``deadline_at`` (None: none), checked by a
+        # timer armed at or before it; a clean answer leaves the timer armed for the next one
+        # (one ``call_at`` per connection while limits stay alike, not one per answer).
+        self.deadline_at: float | None = None
         self.deadline: asyncio.TimerHandle | None = None
+        self.deadline_armed_at = 0.0
         self.draining: asyncio.TimerHandle | None = None
 
     # ---- asyncio.Protocol ---------------------------------------------------------------
@@ -93,6 +98,7 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
+        self._stop_timers()
         if self.state == BODY and self.until_close:
             self._complete()
         elif self.state != IDLE:
@@ -108,8 +114,30 @@ class Connection(asyncio.Protocol):
         self.head = b""
         self.cstate = _SIZE
         self.cbuf = b""
-        if total_s is not None:
-            self.deadline = self.loop.call_later(total_s, self.timed_out)
+        if total_s is None:
+            self.deadline_at = None
+            return
+        at = self.deadline_at = self.loop.time() + total_s
+        if self.deadline is None or self.deadline_armed_at > at:
+            self._arm_deadline(at)
+
+    def _arm_deadline(self, at: float) -> None:
+        if self.deadline is not None:
+            self.deadline.cancel()
+        self.deadline = self.loop.call_at(at, self._check_deadline)
+        self.deadline_armed_at = at
+
+    def _check_deadline(self) -> None:
+        """The deadline timer fired: time the answer out when its limit has passed, else
+        wait for the current limit (a later answer's)."""
+        self.deadline = None
+        at = self.deadline_at
+        if at is None or self.state == IDLE:
+            return
+        if self.loop.time() >= at:
+            self.timed_out()
+        else:
+            self._arm_deadline(at)
 
     def timed_out(self) -> None:
         self.abort(TimeoutError("engine did not answer in time"))
@@ -134,8 +162,9 @@ class Connection(asyncio.Protocol):
         if resp is not None:
             resp._fail(exc)
 
-    def _stop_timers(self) -> None:
-        if self.deadline is not None:
+    def _stop_timers(self, keep_deadline: bool = False) -> None:
+        self.deadline_at = None
+        if self.deadline is not None and not keep_deadline:
             self.deadline.cancel()
             self.deadline = None
         if self.draining is not None:
@@ -144,7 +173,7 @@ class Connection(asyncio.Protocol):
 
     def _complete(self) -> None:
         resp = self.resp
-        self._stop_timers()
+        self._stop_timers(keep_deadline=self.keep_alive and not self.lost)
         self.resp = None
         self.state = IDLE
         if resp is not None:
