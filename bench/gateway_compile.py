@@ -76,9 +76,9 @@ MODULES = (
 #: Gateway modules on the call path that build too (``--gateway-modules ""``: core only).
 GATEWAY_MODULES = (
     "planner", "recorder", "exchange", "relay", "proxy", "app", "tracker", "metrics",
-    "request_body", "context", "errors", "hedge", "admission_gate", "router", "reliability",
-    "response_cache", "tracing", "sse_filter", "server", "server_request", "upstream",
-    "upstream_conn", "upstream_response", "metric_series",
+    "request_body", "context", "context_types", "errors", "hedge", "admission_gate", "router",
+    "reliability", "response_cache", "tracing", "sse_filter", "server", "server_request",
+    "upstream", "upstream_conn", "upstream_response", "metric_series",
 )  # fmt: skip
 
 

@@ -334,6 +334,7 @@ class Gateway:
         finally:
             self._in_flight -= 1
             finish(ex)
+            ex.on_first_token = None  # its scope holds ``ex``: no cycle left for the GC
 
     async def _store(
         self,

@@ -14,13 +14,13 @@ import itertools
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 from aiohttp import web
 
 from inferplane.config import AuthConfig
 from inferplane.core.types import PriorityClass, scoped_workflow_id
+from inferplane.gateway.context_types import Caller, HeaderContext, RequestContext
 from inferplane.gateway.errors import ApiError
 from inferplane.gateway.request_body import (
     ApiKind,
@@ -59,44 +59,6 @@ WORKFLOW_HEADERS: tuple[str, ...] = (
 )
 _MAX_ID_CHARS = 128
 _SAFE_ID = re.compile(r"^[A-Za-z0-9_.:@/+=-]{1,128}$")
-
-
-@dataclass(frozen=True, slots=True)
-class Caller:
-    """The authenticated caller and the priorities its key allows."""
-
-    tenant: str
-    default_priority: PriorityClass
-    max_priority: PriorityClass
-    key_name: str | None = None  # the API key's configured name (per-key quotas)
-
-
-class RequestContext(NamedTuple):
-    """One call as the gateway sees it after parsing: headers, caller and body essentials.
-
-    An immutable value like a frozen dataclass, but a named tuple: built once per call, and a
-    frozen dataclass pays one ``object.__setattr__`` call per field (17 here) to build.
-    """
-
-    request_id: str
-    tenant: str
-    priority: PriorityClass
-    arrival_s: float
-    model: str
-    path: str
-    stream: bool
-    client_wants_usage: bool
-    num_prompt_tokens: int
-    max_tokens: int
-    deadline_s: float | None
-    ttft_budget_s: float | None
-    workflow_id: str | None
-    workflow_step: int | None
-    workflow_steps: int | None
-    api_key_name: str | None = None  # the caller's configured key name (per-key quotas)
-    #: ``X-Allow-Fallback``: may the route move this call to a fallback model? (The route's
-    #: own ``allow_fallback`` must allow it too.)
-    allow_fallback: bool = True
 
 
 class Authenticator:
@@ -260,20 +222,6 @@ def _workflow_id(found: Mapping[str, str]) -> str | None:
     return None
 
 
-class HeaderContext(NamedTuple):
-    """What the headers say, before the body is read (a named tuple, as RequestContext)."""
-
-    request_id: str
-    caller: Caller
-    priority: PriorityClass
-    deadline_s: float | None
-    ttft_budget_s: float | None
-    workflow_id: str | None
-    workflow_step: int | None
-    workflow_steps: int | None
-    allow_fallback: bool = True
-
-
 def parse_headers(
     headers: Mapping[str, str], auth: Authenticator, now: float, caller: Caller | None = None
 ) -> HeaderContext:
@@ -287,7 +235,7 @@ def parse_headers(
     if caller is None:
         caller = auth.caller_for(_api_key(found))
     if not found:  # the common case: no context headers, the caller's defaults
-        return HeaderContext(request_id, caller, caller.default_priority, *_NO_CONTEXT)
+        return HeaderContext(request_id, caller, caller.default_priority)
     deadline_ms = _positive_ms(found, "X-Deadline-Ms")
     return HeaderContext(
         request_id=request_id,
@@ -300,10 +248,6 @@ def parse_headers(
         workflow_steps=_non_negative_int(found, "X-Workflow-Steps"),
         allow_fallback=_flag(found, "X-Allow-Fallback", True),
     )
-
-
-#: Deadline, TTFT budget, workflow id, step and steps of a call without context headers.
-_NO_CONTEXT = (None, None, None, None, None)
 
 
 #: Content types that cannot be a JSON body. Others are tried as JSON: curl -d sends

@@ -17,8 +17,9 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, NamedTuple, cast
+from typing import Any, cast
 
 from aiohttp import web
 from aiohttp.base_protocol import BaseProtocol
@@ -39,13 +40,27 @@ _CONNECTION = {"keep-alive": True, "close": False}
 _SPECIAL = frozenset({"content-length", "connection", *_NOT_PLAIN})
 
 
-class Head(NamedTuple):
+@dataclass(frozen=True, slots=True, init=False)
+class Head:
     """A plain request's line and headers, as the front server accepted them."""
 
     path: str
     headers: CIMultiDictProxy[str]
     content_length: int | None
     keep_alive: bool
+
+    # Written out (init=False): mypyc compiles it; a named tuple's __new__ runs interpreted.
+    def __init__(
+        self,
+        path: str,
+        headers: CIMultiDictProxy[str],
+        content_length: int | None,
+        keep_alive: bool,
+    ) -> None:
+        object.__setattr__(self, "path", path)
+        object.__setattr__(self, "headers", headers)
+        object.__setattr__(self, "content_length", content_length)
+        object.__setattr__(self, "keep_alive", keep_alive)
 
 
 def parse_head(head: bytes | bytearray, hot_paths: frozenset[str]) -> Head | None:
