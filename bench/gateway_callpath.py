@@ -14,12 +14,15 @@ planning (routing), dispatch, the answer's accounting and metrics.
 - stages: a second pass with each stage wrapped in a timer (the wrappers cost about a
   microsecond each, so stage figures are upper bounds and do not add up to the total).
 
+``--sockets`` measures the whole gateway instead (front server, upstream client and loopback
+sockets in one process; ``bench/gateway_loopback.py``).
+
 ``--baseline-src DIR`` also measures the gateway of another source tree (e.g. ``git archive
 <commit> inferplane | tar -x -C DIR``), alternating with the current one ``--rounds`` times,
 and reports the median ratio per round. Only ratios within one run mean anything.
 
-    python bench/gateway_callpath.py [--calls 3000] [--reps 7] [--rounds 3]
-        [--baseline-src DIR] [--out bench/results/gateway-callpath.json]
+    python bench/gateway_callpath.py [--calls 3000] [--reps 7] [--rounds 3] [--sockets]
+        [--conns 64] [--baseline-src DIR] [--out bench/results/gateway-callpath.json]
 """
 
 from __future__ import annotations
@@ -196,7 +199,12 @@ async def _measure(calls: int, reps: int, stages: bool) -> dict[str, Any]:
 def run_measure(args: argparse.Namespace) -> None:
     import uvloop
 
-    result = uvloop.run(_measure(args.calls, args.reps, args.stages))
+    if args.sockets:  # the whole gateway on loopback sockets (bench/gateway_loopback.py)
+        from gateway_loopback import measure_sockets
+
+        result = uvloop.run(measure_sockets(args.calls, args.reps, args.conns))
+    else:
+        result = uvloop.run(_measure(args.calls, args.reps, args.stages))
     print(json.dumps(result))
 
 
@@ -205,8 +213,9 @@ def run_measure(args: argparse.Namespace) -> None:
 
 def _child(args: argparse.Namespace, src: str | None, stages: bool) -> dict[str, Any]:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--role", "measure",
-           "--calls", str(args.calls), "--reps", str(args.reps)] + (
-        ["--stages"] if stages else [])  # fmt: skip
+           "--calls", str(args.calls), "--reps", str(args.reps), "--conns", str(args.conns)] + (
+        ["--stages"] if stages and not args.sockets else []) + (
+        ["--sockets"] if args.sockets else [])  # fmt: skip
     env = dict(os.environ)
     if src is not None:  # that tree's package first
         env["PYTHONPATH"] = src
@@ -232,8 +241,9 @@ def orchestrate(args: argparse.Namespace) -> None:
 
 def _report(rounds: list[dict[str, Any]], args: argparse.Namespace) -> list[str]:
     now = statistics.median(r["current"]["us_per_call"] for r in rounds)
+    what = f"sockets, {args.conns} connections" if args.sockets else "call path"
     lines = [
-        f"gateway call path in-process ({args.rounds} rounds, {args.calls} calls x "
+        f"gateway {what} in-process ({args.rounds} rounds, {args.calls} calls x "
         f"{args.reps} reps, min per round, median over rounds)",
         f"{'CPU us per call (current)':<40}{now:>10.1f}",
     ]
@@ -263,6 +273,8 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--stages", action="store_true", help="(measure role) also time stages")
+    p.add_argument("--sockets", action="store_true", help="whole gateway on loopback sockets")
+    p.add_argument("--conns", type=int, default=64, help="(--sockets) client connections")
     p.add_argument("--baseline-src", default=None, help="source tree of a gateway to compare")
     p.add_argument("--out", default=str(RESULTS), help="where the JSON results go")
     args = p.parse_args()
