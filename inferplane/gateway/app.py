@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import time
@@ -115,8 +116,9 @@ class Gateway:
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/v1/stats", self._stats)
         app.router.add_post("/v1/workflows/{workflow_id}/end", self._end_workflow)
-        # The generation routes are also answered by the lean front server (``server``).
-        hot = {ApiKind.CHAT: self._chat, ApiKind.COMPLETIONS: self._completions}
+        # The generation routes are also answered by the lean front server (``server``),
+        # which calls ``_generate`` itself (one coroutine less per call).
+        hot = {p: functools.partial(self._generate, path=p) for p in ApiKind.ALL}
         app[FRONT_ROUTES] = FrontRoutes(hot, self.config.gateway.max_body_bytes)
         app.on_startup.append(self._on_startup)
         app.on_cleanup.append(self._on_cleanup)

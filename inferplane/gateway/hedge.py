@@ -35,7 +35,7 @@ Hedges show as ``inferplane_retries_total{reason="hedge"}`` (hedges that took ov
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -137,22 +137,21 @@ class Hedging:
         moved, state.moved = state.moved, None
         return moved
 
-    async def post(
+    def post(
         self,
         call: CallState,
         cand: Candidate,
         body: bytes,
         headers: dict[str, str],
         client_timeout: aiohttp.ClientTimeout,
-    ) -> aiohttp.ClientResponse:
-        """``session.post``, hedged when the call's class is and nothing was sent yet."""
+    ) -> Awaitable[aiohttp.ClientResponse]:
+        """``session.post``, hedged when the call's class is and nothing was sent yet (the
+        session's or the race's awaitable itself: no coroutine of its own per call)."""
         state = self._calls.get(id(call))
         if state is None or call.out is not None or state.hedges_sent >= self.config.max_hedges:
-            return await self._session.post(
-                cand.url, data=body, headers=headers, timeout=client_timeout
-            )
+            return self._session.post(cand.url, data=body, headers=headers, timeout=client_timeout)
         first = self._racer(call, cand, body, headers, client_timeout, call.attempt_started_s)
-        return await _Race(self, call, state, first, headers, client_timeout).run()
+        return _Race(self, call, state, first, headers, client_timeout).run()
 
     # ---- helpers for the race --------------------------------------------------------------
 

@@ -31,6 +31,7 @@ class ApiKind:
     # attributes of a compiled class).
     CHAT: Final = "/v1/chat/completions"
     COMPLETIONS: Final = "/v1/completions"
+    ALL: Final = (CHAT, COMPLETIONS)
 
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:
