@@ -52,6 +52,29 @@ def blocks_needed(sched: Scheduler, num_steps: int) -> int:
     return need
 
 
+def quiet_blocks(sched: Scheduler, num_steps: int, ends: list[float], now: float) -> int:
+    """Blocks that running the engine to ``now`` would allocate, when all it would do is
+    quiet decoding: -1 when it could do more.
+
+    ``num_steps`` is ``stretch_steps`` of the planned step, ``ends`` the end times (``<=
+    now``, at most ``num_steps``) of that step and of the pure-decode steps after it. Quiet
+    means: every step ending by ``now`` is a pure decode in which nobody finishes (each
+    running request runs to its length, ``ignore_eos``, and the first finish comes in a
+    later step), and the steps planned by ``now`` (those ending by it, and the one it starts
+    next when the last ends before ``now``) take only never-cached free blocks, so nothing
+    is evicted. Such a run reports nothing but ``BlockStored`` of decoded blocks and changes
+    the load only by the blocks it allocates (``num_used`` after it is ``num_used`` plus
+    these).
+    """
+    if len(ends) >= num_steps:
+        return -1  # the step where a request finishes may run (or be planned) by ``now``
+    if any(not seq.request.ignore_eos for seq in sched.running):
+        return -1
+    planned = len(ends) + (1 if ends[-1] < now else 0)
+    need = blocks_needed(sched, planned)
+    return need if need <= sched._pool.num_free_uncached else -1
+
+
 def run_decode_stretch(sched: Scheduler, ends: list[float], events: list[EngineEvent]) -> int:
     """Complete the planned pure-decode step of the whole batch and the steps after it
     (step ``j`` ends at ``ends[j]``), appending their events; the number of steps run

@@ -150,6 +150,11 @@ class BlockPool:
         return len(self._free_empty) + self.num_blocks - self._next_fresh + len(self._free_cached)
 
     @property
+    def num_free_uncached(self) -> int:
+        """Free blocks holding no cached content: allocating up to these evicts nothing."""
+        return len(self._free_empty) + self.num_blocks - self._next_fresh
+
+    @property
     def num_used(self) -> int:
         return self.num_blocks - self.num_free
 

@@ -32,7 +32,12 @@ one go (``decode_leap``): the same state, events and times as stepping, less Pyt
 
 from __future__ import annotations
 
-from inferplane.engine.decode_leap import blocks_needed, run_decode_stretch, stretch_steps
+from inferplane.engine.decode_leap import (
+    blocks_needed,
+    quiet_blocks,
+    run_decode_stretch,
+    stretch_steps,
+)
 from inferplane.engine.generation import ContentFreeGenerator, TokenGenerator
 from inferplane.engine.kvcache import BlockPool
 from inferplane.engine.perf import PerfModel
@@ -237,6 +242,33 @@ class EngineModel:
         """(waiting, running, KV usage): what a scrape reads, without the whole ``stats``."""
         pool = self._pool
         return self._sched.num_waiting, len(self._sched.running), pool.num_used / pool.num_blocks
+
+    def load_at(self, now: float) -> tuple[int, int, float] | None:
+        """The :meth:`load` that ``advance(now)`` would leave, read without advancing when
+        all that advance would do is quiet decoding (``decode_leap.quiet_blocks``: pure
+        decode steps, no finish, no eviction, nothing buffered), so it would report nothing
+        but ``BlockStored`` of decoded blocks; None when the engine must be advanced first.
+        A caller that reads this instead of advancing gets those events, unchanged, from
+        its next ``advance`` (a simulator's sync of an engine between its wakes)."""
+        if self.state is not _READY or self._buffer or self._emit_tokens:
+            return None
+        step = self._step
+        extra = 0
+        if step is None:
+            if self._start_s is not None and self._start_s < now:
+                return None  # advance would plan a step
+        elif step.end_s <= now:
+            num_steps, num_seqs = stretch_steps(self._sched, step), step.num_decode_seqs
+            ends = [step.end_s]
+            ends += self.perf.decode_step_ends(
+                step.end_s, num_seqs, step.decode_context_tokens + num_seqs, num_steps - 1,
+                self._scale(), now,
+            )  # fmt: skip
+            extra = quiet_blocks(self._sched, num_steps, ends, now)
+            if extra < 0:
+                return None
+        sched, pool = self._sched, self._pool
+        return sched.num_waiting, len(sched.running), (pool.num_used + extra) / pool.num_blocks
 
     def stats(self) -> EngineStats:
         pool, sched = self._pool, self._sched

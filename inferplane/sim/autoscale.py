@@ -95,7 +95,7 @@ class Scaling:
     _early: bool  # a surge ticked early since the last periodic tick
     _next_tick_s: float  # when the next control tick is due
 
-    def _handle(self, ep: SimEndpoint, events: list[EngineEvent]) -> None:
+    def _handle(self, ep: SimEndpoint, events: list[EngineEvent]) -> list[EngineEvent]:
         raise NotImplementedError
 
     def _wake(self, ep: SimEndpoint, now: float) -> None:

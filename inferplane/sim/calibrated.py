@@ -51,15 +51,16 @@ class CalibratedSimulation(Simulation):
             self._cached_at_route[ctx.request_id] = self.feed.cached_tokens(ctx, ep.name)
         super()._record_route(ep, ctx, now)
 
-    def _handle(self, ep: SimEndpoint, events: list[EngineEvent]) -> None:
-        super()._handle(ep, events)
+    def _handle(self, ep: SimEndpoint, events: list[EngineEvent]) -> list[EngineEvent]:
+        others = super()._handle(ep, events)
         if self.feed is None:
-            return
-        for ev in events:
+            return others
+        for ev in others:
             if type(ev) is TokensGenerated:
                 call = self._by_engine_id.get(ev.request_id)
                 if call is not None and call.first_token_s == ev.time_s:
                     self.feed.first_token(ev.request_id, ev.time_s)
+        return others
 
     def _on_finished(self, ep: SimEndpoint, ev: RequestFinished) -> None:
         if self.feed is not None:

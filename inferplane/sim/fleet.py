@@ -119,8 +119,10 @@ class SimEndpoint:
         return EndpointView(self.info, self.view_state, self.load, self.in_flight)
 
     def scrape(self, now: float) -> None:
-        """Take the engine's current load as the gateway's latest observation."""
-        self.load = EndpointLoad(*self.engine.load(), now)
+        """Take the engine's load at ``now`` as the gateway's latest observation (read in
+        closed form when it is only decoding quietly and was not advanced: ``load_at``)."""
+        engine = self.engine
+        self.load = EndpointLoad(*(engine.load_at(now) or engine.load()), now)
 
 
 def engine_for(config: EndpointConfig, seed: int, start_state: EngineState) -> EngineModel:

@@ -40,6 +40,31 @@ def to_core(event: EngineEvent) -> core.KVEvent | None:
     return None
 
 
+def split(events: Sequence[EngineEvent]) -> tuple[list[core.KVEvent], list[EngineEvent]]:
+    """An engine's events as the core's KV events and the others, each list in engine order
+    (the KV events are most of them: sorted here, compiled, not in the runner's loop)."""
+    kv: list[core.KVEvent] = []
+    others: list[EngineEvent] = []
+    for event in events:
+        kind = type(event)
+        if kind is BlockStored:
+            assert isinstance(event, BlockStored)
+            kv.append(
+                core.BlockStored(
+                    event.block_hashes, event.parent_block_hash, event.token_ids,
+                    event.block_size,
+                )
+            )  # fmt: skip
+        elif kind is BlockRemoved:
+            assert isinstance(event, BlockRemoved)
+            kv.append(core.BlockRemoved(event.block_hashes))
+        elif kind is AllBlocksCleared:
+            kv.append(core.AllBlocksCleared())
+        else:
+            others.append(event)
+    return kv, others
+
+
 class KVFeed:
     """One prefix index over the simulated fleet, kept current from engine events."""
 

@@ -5,7 +5,8 @@ is woken only when it next finishes a request (``next_wake_time``) and is otherw
 up to date only when something reads it. What reads them all is a *sync* (the scenario's
 ``speed.sync_s``, by default the scrape interval; 0: before every call): every engine catches
 up with the clock, its KV events reach the prefix index, and the :class:`ViewBook` rebuilds
-every view (with a scrape when one is due). Between syncs the views of changed endpoints are
+every view (with a scrape when one is due); an engine that would only decode quietly is read
+in closed form instead (``QUIET_SYNC``). Between syncs the views of changed endpoints are
 patched (:mod:`inferplane.sim.views`) and the engine a call goes to is caught up before it
 takes the call. The core's router ranks a candidate set of the pool when
 ``speed.route_candidates`` is set (:func:`inferplane.core.candidates.candidates`).
@@ -16,7 +17,6 @@ from __future__ import annotations
 import random
 
 from inferplane.core.candidates import candidates
-from inferplane.core.kv_events import KVEvent as CoreKVEvent
 from inferplane.core.types import CallContext, EndpointState, EndpointView
 from inferplane.engine.types import (
     EngineEvent,
@@ -29,7 +29,7 @@ from inferplane.engine.types import (
 from inferplane.sim.baselines import Inferplane, Policy
 from inferplane.sim.events import EventKind, EventQueue
 from inferplane.sim.fleet import Fleet, SimEndpoint
-from inferplane.sim.kvfeed import KV_EVENT_TYPES, KVFeed, to_core
+from inferplane.sim.kvfeed import KVFeed, split
 from inferplane.sim.ledger import Call, Ledger
 from inferplane.sim.views import ViewBook
 
@@ -37,6 +37,12 @@ EMIT_TOKENS = False
 #: Wake an engine only when it next finishes a request (``next_wake_time``), not every step;
 #: engines are brought up to date before anything reads them (sync, dispatch, sample).
 FAST_FORWARD = True
+#: At a sync, leave an engine that is only decoding quietly where it is (``load_at``: no
+#: finish, no eviction): its scrape reads the load it would have, and the ``BlockStored``
+#: of its decoded blocks reach the prefix index at its next advance (a wake, a dispatch to
+#: it, a sample). Nothing routes on those blocks before then: they extend prompts of calls
+#: still running, which only a later call of the same task repeats, after this one ended.
+QUIET_SYNC = True
 _ENGINE_TO_VIEW = {
     EngineState.READY: EndpointState.READY,
     EngineState.LOADING: EndpointState.WARMING,
@@ -87,7 +93,8 @@ class EngineSync:
             self._synced_s = now
             if FAST_FORWARD and (self.kv is not None or due):
                 for ep in fleet.endpoints:
-                    self._handle(ep, ep.engine.advance(now, emit_tokens=EMIT_TOKENS))
+                    if not QUIET_SYNC or ep.engine.load_at(now) is None:
+                        self._handle(ep, ep.engine.advance(now, emit_tokens=EMIT_TOKENS))
             self.book.rebuild(now)
             self.counters["syncs"] += 1
             return self.book.views
@@ -125,15 +132,14 @@ class EngineSync:
             ep.wake_at_s = t
             self.q.push(t, EventKind.ENGINE, ep.index)
 
-    def _handle(self, ep: SimEndpoint, events: list[EngineEvent]) -> None:
+    def _handle(self, ep: SimEndpoint, events: list[EngineEvent]) -> list[EngineEvent]:
+        """Act on an engine's events (its KV events go to the prefix index last, in one
+        batch); the events other than KV events, in order."""
         by_id = self._by_engine_id
-        kv: list[CoreKVEvent | None] | None = [] if self.kv is not None else None
-        for ev in events:
+        kv, others = split(events)
+        for ev in others:
             kind = type(ev)
-            if kind in KV_EVENT_TYPES:
-                if kv is not None:
-                    kv.append(to_core(ev))
-            elif kind is RequestScheduled:
+            if kind is RequestScheduled:
                 call = by_id.get(ev.request_id)  # type: ignore[union-attr]
                 if call is not None:  # engine queue time joins the gateway's
                     call.queue_s += ev.time_s - call.dispatch_s
@@ -152,4 +158,5 @@ class EngineSync:
                     ep.name, _ENGINE_TO_VIEW[ev.state], ev.time_s
                 )
         if kv and self.kv is not None:
-            self.kv.apply(ep.name, [e for e in kv if e is not None], self.q.now_s)
+            self.kv.apply(ep.name, kv, self.q.now_s)
+        return others

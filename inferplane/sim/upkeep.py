@@ -29,7 +29,7 @@ class Upkeep:
     _base_endpoints: int
     end_s: float
 
-    def _handle(self, ep: SimEndpoint, events: list[EngineEvent]) -> None:
+    def _handle(self, ep: SimEndpoint, events: list[EngineEvent]) -> list[EngineEvent]:
         raise NotImplementedError
 
     def _wake(self, ep: SimEndpoint, now: float) -> None:
