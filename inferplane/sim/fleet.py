@@ -125,8 +125,11 @@ class SimEndpoint:
         self.load = EndpointLoad(*(engine.load_at(now) or engine.load()), now)
 
 
-def engine_for(config: EndpointConfig, seed: int, start_state: EngineState) -> EngineModel:
-    """The engine model of one endpoint; a clear error when no profile matches it."""
+def engine_for(
+    config: EndpointConfig, seed: int, start_state: EngineState, *, kv_events: bool = True
+) -> EngineModel:
+    """The engine model of one endpoint; a clear error when no profile matches it
+    (``kv_events=False``: it reports no KV events, for a run that feeds no prefix index)."""
     model = config.models[0]
     if model not in available_models():
         known = ", ".join(available_models())
@@ -145,15 +148,20 @@ def engine_for(config: EndpointConfig, seed: int, start_state: EngineState) -> E
     # prompts are text tokens by construction (sim/prompts.py): no range check per call
     return EngineModel(
         profile, seed=seed, start_state=start_state, now=0.0, content_free=True,
-        check_token_ids=False,
+        check_token_ids=False, kv_events=kv_events,
     )  # fmt: skip
 
 
 class Fleet:
     """Every endpoint of the run, in config order, plus replicas added by scale-out."""
 
-    def __init__(self, config: FleetConfig, seed: int, scrape_interval_s: float) -> None:
+    def __init__(
+        self, config: FleetConfig, seed: int, scrape_interval_s: float, *, kv_events: bool = True
+    ) -> None:
         self.config = config
+        #: whether the engines report KV events (off when no prefix index reads them: the
+        #: engines skip building a ``BlockStored`` per cached block run, tokens and all)
+        self.kv_events = kv_events
         self._seed = seed
         self.scrape_interval_s = scrape_interval_s
         self.endpoints: list[SimEndpoint] = []
@@ -168,7 +176,7 @@ class Fleet:
     def _add(self, config: EndpointConfig, state: EngineState, now: float) -> SimEndpoint:
         index = len(self.endpoints)
         engine_seed = (self._seed * 1_000_003 + index) & 0x7FFF_FFFF
-        engine = engine_for(config, engine_seed, state)
+        engine = engine_for(config, engine_seed, state, kv_events=self.kv_events)
         ep = SimEndpoint(index, config, engine, now, self.changed)
         self.changed.add(index)
         self.endpoints.append(ep)

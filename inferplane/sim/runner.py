@@ -85,7 +85,7 @@ class Simulation(EngineSync, Upkeep, Scaling):
         self.scenario, self.policy_name, self._progress = scenario, policy, progress
         self.seed = scenario.seed if seed is None else seed
         scrape = scenario.scrape_interval_s or fleet_config.gateway.scrape_interval_s
-        self.fleet = Fleet(fleet_config, self.seed, scrape)
+        self.fleet = Fleet(fleet_config, self.seed, scrape, kv_events=policy in CORE_ROUTED)
         self.kv: KVFeed | None = None
         if policy in CORE_ROUTED:
             # The index mirrors the engines' caches: room for every block the fleet holds
