@@ -122,7 +122,9 @@ def run_backend(port: int) -> None:
     app.router.add_get("/health", ok)
     app.router.add_get("/metrics", ok)
     app.router.add_get("/v1/models", list_models)
-    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None,
+    # backlog as the gateway's (aiohttp's default 128 overflowed under the open-loop runs'
+    # connection bursts: a dropped SYN is retried after 1, 3, 7... s and the run stalls)
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None, backlog=2048,
                 loop=uvloop.new_event_loop())  # fmt: skip
 
 
