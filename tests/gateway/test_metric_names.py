@@ -78,10 +78,6 @@ class Exposition:
             if line.startswith("# TYPE inferplane_"):
                 _, _, name, kind = line.split()
                 families[name] = kind
-        for name in [n for n in families if n.endswith("_created")]:
-            # prometheus_client's own companion of a plain Counter (its creation time)
-            if families.get(name.removesuffix("_created") + "_total") == "counter":
-                del families[name]
         return cls(samples, families)
 
 
