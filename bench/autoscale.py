@@ -6,7 +6,11 @@ context) whose task starts follow a diurnal curve compressed into ``--day-s`` se
 at the start, peak at mid-day, peak/trough 4x), plus a burst: for ``--burst-s`` seconds from
 ``--burst-at`` of the day, four times as many users again (5x the curve), unannounced. One
 Llama-3-8B pool on H100s, routed by inferplane's routing and admission (the same for every
-sizing policy, so the sizing is the only difference). Three ways to size the pool:
+sizing policy, so the sizing is the only difference), whose latency predictor is fed as the
+gateway feeds its own (``CalibratedSimulation``: profile priors, the prefill queued per
+endpoint at dispatch, observed TTFT and TPOT; before 2026-12-05 it ran on the plain
+``Simulation``, whose router never heard of its own dispatches, so calls routed between two
+scrapes herded onto the idlest-looking replica). Three ways to size the pool:
 
 * ``inferplane``: the core's autoscaler driven by the simulator's control tick
   (:mod:`inferplane.sim.autoscale`): demand as work served (uncached prompt plus output
@@ -52,8 +56,8 @@ from inferplane.config import FleetConfig, parse_config
 from inferplane.engine.sizing import gpu_option
 from inferplane.sim import scale_loop
 from inferplane.sim.autoscale import gpu_hours, replica_spend_usd
+from inferplane.sim.calibrated import CalibratedSimulation
 from inferplane.sim.records import Outcome
-from inferplane.sim.runner import Simulation
 from inferplane.sim.scenario import Scenario, parse_scenario
 from inferplane.sim.summary import summarise_run
 
@@ -122,7 +126,7 @@ def run_policy(policy: str, replicas: int, args: argparse.Namespace) -> dict[str
     mode = "off" if policy == "peak" else policy.removesuffix("-open")
     gate = "fcfs" if policy.endswith("-open") else "inferplane"  # fcfs: no admission
     started = time.perf_counter()
-    sim = Simulation(sc, fleet_config(replicas, args), Path("."), gate, autoscale=mode)
+    sim = CalibratedSimulation(sc, fleet_config(replicas, args), Path("."), gate, autoscale=mode)
     result = sim.run()
     wall_s = time.perf_counter() - started
     end = result.end_s
