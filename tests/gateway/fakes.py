@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -22,6 +22,16 @@ from inferplane.config import FleetConfig, parse_config
 from inferplane.gateway.app import Gateway, start_server
 
 T = TypeVar("T")
+
+
+async def until(cond: Callable[[], object], timeout_s: float = 10.0) -> None:
+    """Poll ``cond`` on the loop every 10 ms until it is true; AssertionError after
+    ``timeout_s`` (an upper bound on a wait, never a timing the test asserts)."""
+    for _ in range(int(timeout_s / 0.01)):
+        if cond():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("condition not met in time")
 
 
 @dataclass

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import Any
 
 import aiohttp
 import orjson
 
 from inferplane.config import hash_api_key
-from tests.gateway.fakes import fake_engines, fleet_config, running_gateway
+from tests.gateway.fakes import fake_engines, fleet_config, running_gateway, until
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello there"}]}
 
@@ -21,14 +20,6 @@ async def _post(url: str, body: Any, headers: dict[str, str] | None = None) -> t
         async with s.post(url, data=data, headers=headers or {}) as r:
             raw = await r.read()
             return r.status, r.headers, raw
-
-
-async def _until(cond: Callable[[], bool], timeout_s: float = 2.0) -> None:
-    for _ in range(int(timeout_s / 0.02)):
-        if cond():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError("condition not met in time")
 
 
 def _sse_events(raw: bytes) -> list[bytes]:
@@ -75,7 +66,7 @@ async def test_retry_to_next_endpoint_on_5xx_before_first_byte() -> None:
     async with fake_engines(2) as engines, running_gateway(fleet_config(engines)) as (gw, url):
         engines[0].mode = "error500"
         engines[1].waiting = 5  # e0 looks least loaded, so it is always tried first
-        await _until(lambda: gw.tracker.views(gw.clock())[1].load.num_waiting == 5)
+        await until(lambda: gw.tracker.views(gw.clock())[1].load.num_waiting == 5)
         for _ in range(4):
             status, headers, _ = await _post(url + "/v1/chat/completions", CHAT)
             assert status == 200
@@ -98,7 +89,7 @@ async def test_engine_503_fails_over_and_takes_the_endpoint_out_at_once() -> Non
     async with fake_engines(2) as engines, running_gateway(fleet_config(engines)) as (gw, url):
         engines[0].mode = "unavailable"
         engines[1].waiting = 5  # e0 looks least loaded, so it is tried first
-        await _until(lambda: gw.tracker.views(gw.clock())[1].load.num_waiting == 5)
+        await until(lambda: gw.tracker.views(gw.clock())[1].load.num_waiting == 5)
         status, headers, _ = await _post(url + "/v1/chat/completions", CHAT)
         assert status == 200 and headers["X-Inferplane-Endpoint"] == "e1"
         assert gw.tracker.state("e0").value == "cold"  # at once, not after health checks

@@ -7,9 +7,6 @@ loaded, the desired-replicas metric, and a scale-down that drains and stops an e
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable
-
 import aiohttp
 import orjson
 import pytest
@@ -25,17 +22,10 @@ from inferplane.gateway.autoscale import (
     PoolScaleConfig,
     setup_autoscaling,
 )
+from tests.gateway.fakes import until
 
 MODEL = "llama-3.2-1b"
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
-
-
-async def _until(cond: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    for _ in range(int(timeout_s / 0.05)):
-        if cond():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("condition not met in time")
 
 
 async def _get(url: str) -> tuple[int, bytes]:
@@ -88,8 +78,8 @@ async def test_embedded_fleet_scales_up_cold_and_drains_down() -> None:
             [PoolPolicy(MODEL, (option,), 1, 2, scale_down_window_s=0.0,
                         scale_down_cooldown_s=5.0, tick_s=1.0)]
         )  # fmt: skip
-        await _until(lambda: gateway.tracker.state("as-0") is EndpointState.READY)
-        await _until(lambda: gateway.tracker.state("as-1") is EndpointState.COLD)
+        await until(lambda: gateway.tracker.state("as-0") is EndpointState.READY)
+        await until(lambda: gateway.tracker.state("as-1") is EndpointState.COLD)
         now = gateway.clock()
         await ctl.tick(now)  # baseline of the counters
         async with aiohttp.ClientSession() as s:
@@ -109,12 +99,12 @@ async def test_embedded_fleet_scales_up_cold_and_drains_down() -> None:
         await ctl.tick(now + 2.0)
         assert ctl.decisions[0].current == {"h100": 2}
         assert ctl.decisions[0].action is ScaleAction.HOLD
-        await _until(lambda: gateway.tracker.state("as-1") is EndpointState.READY, 20.0)
+        await until(lambda: gateway.tracker.state("as-1") is EndpointState.READY, 20.0)
         # No traffic: scale down to the minimum by draining one engine, then stopping it.
         await ctl.tick(now + 10.0)
         (down,) = ctl.decisions
         assert down.action is ScaleAction.DOWN and down.desired_total == 1
-        await _until(lambda: len(fleet.servers) == 1 and not fleet.draining)
+        await until(lambda: len(fleet.servers) == 1 and not fleet.draining)
         stopped = ({"as-0", "as-1"} - set(fleet.servers)).pop()
         assert gateway.tracker.state(stopped) is EndpointState.COLD
         status, body = await _get(url + "/v1/autoscale")

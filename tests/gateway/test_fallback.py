@@ -4,8 +4,6 @@ headers, ``/metrics`` and the accounting say so."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -13,7 +11,7 @@ import orjson
 
 from inferplane.config import FleetConfig, parse_config
 from inferplane.gateway.app import Gateway
-from tests.gateway.fakes import FakeEngine, fake_engines, running_gateway
+from tests.gateway.fakes import FakeEngine, fake_engines, running_gateway, until
 
 CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hello there " * 50}]}
 BUDGET = {"X-TTFT-Budget-Ms": "500"}
@@ -44,18 +42,10 @@ async def _post(url: str, headers: dict[str, str]) -> tuple[int, Any, Any]:
         return r.status, r.headers, await r.read()
 
 
-async def _until(cond: Callable[[], bool], timeout_s: float = 3.0) -> None:
-    for _ in range(int(timeout_s / 0.02)):
-        if cond():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError("condition not met in time")
-
-
 async def _overload_primary(gw: Gateway, engines: list[FakeEngine]) -> None:
     """``big``'s only engine reports a long queue: its predicted TTFT misses the budget."""
     engines[0].waiting = 400
-    await _until(lambda: gw.tracker.view("e0", gw.clock()).load.num_waiting == 400)
+    await until(lambda: gw.tracker.view("e0", gw.clock()).load.num_waiting == 400)
 
 
 async def test_primary_serves_when_it_meets_the_budget() -> None:
@@ -106,7 +96,7 @@ async def test_request_can_refuse_fallback() -> None:
         assert engines[1].bodies == []
         # Once the primary's queue is gone it serves the call itself.
         engines[0].waiting = 0
-        await _until(lambda: gw.tracker.view("e0", gw.clock()).load.num_waiting == 0)
+        await until(lambda: gw.tracker.view("e0", gw.clock()).load.num_waiting == 0)
         status, headers, _ = await _post(url, {**BUDGET, "X-Allow-Fallback": "no"})
         assert status == 200
         assert headers["X-Inferplane-Model"] == "big"

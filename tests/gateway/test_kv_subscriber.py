@@ -28,6 +28,7 @@ from inferplane.gateway.kv_subscriber import (
     SubscriberConfig,
     SubscriberStatus,
 )
+from tests.gateway.fakes import until
 
 BS = 16
 
@@ -112,14 +113,6 @@ class FakeEngine:
         self.pub.close(linger=0)
 
 
-async def wait_until(predicate: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    for _ in range(int(timeout_s / 0.01)):
-        if predicate():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition not reached in time")
-
-
 @pytest.fixture
 async def ctx() -> AsyncIterator[zmq.asyncio.Context]:
     context = zmq.asyncio.Context()
@@ -138,7 +131,7 @@ async def start(
     index = PrefixIndex()
     subscriber = KVEventSubscriber(index, SubscriberConfig(replay_timeout_s=1.0), ctx=ctx)
     subscriber.add(engine.source)
-    await wait_until(lambda: subscriber.status()["e1"].state is LinkState.CONNECTED)
+    await until(lambda: subscriber.status()["e1"].state is LinkState.CONNECTED)
     return index, subscriber
 
 
@@ -158,7 +151,7 @@ async def test_stores_and_a_healed_gap_reach_the_index(ctx: zmq.asyncio.Context)
     await prime(engine, lambda: subscriber.status()["e1"])
     await engine.publish([engine.stored(tokens, 2, 4)], drop=True)  # lost on the wire
     await engine.publish([engine.stored(tokens, 4, 6)])
-    await wait_until(lambda: index.match(keys, ["e1"])["e1"] == 6)
+    await until(lambda: index.match(keys, ["e1"])["e1"] == 6)
     status = subscriber.status()["e1"]
     assert status.gaps == 1 and status.gaps_healed == 1 and status.messages_lost == 0
     assert status.last_seq == engine.seq - 1
@@ -173,10 +166,10 @@ async def test_restart_with_seq_back_to_zero_clears(ctx: zmq.asyncio.Context) ->
     index, subscriber = await start(ctx, engine)
     await prime(engine, lambda: subscriber.status()["e1"])
     await engine.publish([engine.stored(old, 0, 3)])
-    await wait_until(lambda: index.match(block_keys(old), ["e1"])["e1"] == 3)
+    await until(lambda: index.match(block_keys(old), ["e1"])["e1"] == 3)
     await engine.restart(rebind=False)
     await engine.publish([engine.stored(new, 0, 2)])
-    await wait_until(lambda: index.match(block_keys(new), ["e1"])["e1"] == 2)
+    await until(lambda: index.match(block_keys(new), ["e1"])["e1"] == 2)
     assert index.match(block_keys(old), ["e1"])["e1"] == 0
     assert subscriber.status()["e1"].clears == 1
     await subscriber.remove("e1")  # the endpoint left the fleet: its blocks go too
@@ -193,10 +186,10 @@ async def test_all_blocks_cleared_and_bad_payloads(ctx: zmq.asyncio.Context) -> 
     await engine.publish([engine.stored(tokens, 0, 2)])
     await engine.publish_raw(b"\xc1 not msgpack")
     await engine.publish([{"type": "SomethingNew"}])
-    await wait_until(lambda: subscriber.status()["e1"].unknown_events == 1)
+    await until(lambda: subscriber.status()["e1"].unknown_events == 1)
     assert index.match(block_keys(tokens), ["e1"])["e1"] == 2
     await engine.publish([["AllBlocksCleared"]])
-    await wait_until(lambda: index.match(block_keys(tokens), ["e1"])["e1"] == 0)
+    await until(lambda: index.match(block_keys(tokens), ["e1"])["e1"] == 0)
     status = subscriber.status()["e1"]
     assert status.decode_errors == 1 and status.gaps == 0
     await subscriber.remove("e1")
@@ -213,7 +206,7 @@ async def test_gap_without_replay_socket_is_lost_and_clears(ctx: zmq.asyncio.Con
     await engine.publish([engine.stored(first, 0, 2)])
     await engine.publish([], drop=True)
     await engine.publish([engine.stored(second, 0, 2)])
-    await wait_until(lambda: index.match(block_keys(second), ["e1"])["e1"] == 2)
+    await until(lambda: index.match(block_keys(second), ["e1"])["e1"] == 2)
     status = subscriber.status()["e1"]
     assert status.messages_lost == 1 and status.clears == 1 and status.gaps_healed == 0
     assert index.match(block_keys(first), ["e1"])["e1"] == 0  # could be stale: dropped
@@ -227,13 +220,13 @@ async def test_reconnect_to_a_restarted_engine_resyncs(ctx: zmq.asyncio.Context)
     index, subscriber = await start(ctx, engine)
     await prime(engine, lambda: subscriber.status()["e1"])
     await engine.publish([engine.stored(old, 0, 2)])
-    await wait_until(lambda: index.match(block_keys(old), ["e1"])["e1"] == 2)
+    await until(lambda: index.match(block_keys(old), ["e1"])["e1"] == 2)
     await engine.restart(rebind=True)  # the link drops; the new process publishes before we rejoin
-    await wait_until(lambda: subscriber.status()["e1"].state is LinkState.DISCONNECTED)
+    await until(lambda: subscriber.status()["e1"].state is LinkState.DISCONNECTED)
     for _ in range(5):
         await engine.publish([])
     await engine.publish([engine.stored(new, 0, 3)], drop=True)
-    await wait_until(lambda: subscriber.status()["e1"].state is LinkState.CONNECTED)
+    await until(lambda: subscriber.status()["e1"].state is LinkState.CONNECTED)
     while index.match(block_keys(new), ["e1"])["e1"] != 3:
         await engine.publish([])  # the stream resumes past where it stopped
         await asyncio.sleep(0.02)
@@ -257,13 +250,13 @@ async def test_with_the_emulated_engines_publisher(
     subscriber = KVEventSubscriber(index, ctx=ctx)
     assert publisher.replay_endpoint is not None
     subscriber.add(KVSource("e1", publisher.pub_endpoint, publisher.replay_endpoint))
-    await wait_until(lambda: subscriber.status()["e1"].state is LinkState.CONNECTED)
+    await until(lambda: subscriber.status()["e1"].state is LinkState.CONNECTED)
     keys = block_keys(tokens)
     while index.match(keys, ["e1"])["e1"] < 4:
         publisher.publish(2.0, [engine_stored(hashes, tokens, 2, 4)])  # until one arrives live
         await asyncio.sleep(0.02)
     publisher.publish(3.0, [EngineBlockRemoved(time_s=3.0, block_hashes=(hashes[1],))])
-    await wait_until(lambda: index.match(keys, ["e1"])["e1"] == 1)
+    await until(lambda: index.match(keys, ["e1"])["e1"] == 1)
     status = subscriber.status()["e1"]
     assert status.decode_errors == 0 and status.last_seq == publisher.next_seq - 1
     await subscriber.close()

@@ -28,7 +28,7 @@ from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from inferplane.gateway.observability_config import AutoscaleConfig
-from tests.gateway.fakes import FakeEngine, fleet_config, running_gateway, serving
+from tests.gateway.fakes import FakeEngine, fleet_config, running_gateway, serving, until
 from tests.gateway.test_admission_wiring import _one_slot
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,14 +93,6 @@ async def _post(s: aiohttp.ClientSession, url: str, body: Any = CHAT) -> int:
         return r.status
 
 
-async def _until(cond: Any, timeout_s: float = 5.0) -> None:
-    for _ in range(int(timeout_s / 0.01)):
-        if cond():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition not met in time")
-
-
 async def _drive(engines: list[HoldingEngine], gw: Any, url: str, s: aiohttp.ClientSession) -> str:
     """Calls that make every dashboard series exist; returns the scrape after them."""
     for e in engines:
@@ -115,9 +107,9 @@ async def _drive(engines: list[HoldingEngine], gw: Any, url: str, s: aiohttp.Cli
         e.hold.clear()
     before = sum(e.seen for e in engines)
     busy = [asyncio.ensure_future(_post(s, url)) for _ in engines]
-    await _until(lambda: sum(e.seen for e in engines) == before + len(engines))
+    await until(lambda: sum(e.seen for e in engines) == before + len(engines))
     queued = asyncio.ensure_future(_post(s, url))
-    await _until(lambda: bool(gw.gate.core.queue))
+    await until(lambda: bool(gw.gate.core.queue))
     for e in engines:
         e.hold.set()
     assert await asyncio.gather(*busy, queued) == [200, 200, 200]

@@ -28,7 +28,7 @@ from inferplane.core.admission_config import AdmissionConfig, QuotaLimits, Quota
 from inferplane.gateway.app import Gateway, start_server
 from inferplane.gateway.reliability_config import ReliabilityConfig
 from inferplane.gateway.tracing import TracingConfig
-from tests.gateway.fakes import FakeEngine, fleet_config, serving
+from tests.gateway.fakes import FakeEngine, fleet_config, serving, until
 from tests.gateway.test_admission_wiring import _one_slot
 
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -199,9 +199,9 @@ async def test_a_call_that_waits_in_the_queue_has_a_queue_hop_after_its_admit_ho
         engine.hold = asyncio.Event()
         async with _traced(_one_slot(_fleet(engines))) as (gw, url, exporter):
             first = asyncio.ensure_future(_post(url))
-            await _until(lambda: len(engine.traceparents) == 1)  # holds the only slot
+            await until(lambda: len(engine.traceparents) == 1)  # holds the only slot
             second = asyncio.ensure_future(_post(url))
-            await _until(lambda: bool(gw.gate.core.queue))
+            await until(lambda: bool(gw.gate.core.queue))
             await asyncio.sleep(WAIT_S)
             engine.hold.set()
             assert [(await first)[0], (await second)[0]] == [200, 200]
@@ -336,14 +336,6 @@ async def test_hedged_call_has_an_upstream_span_per_racer_naming_hedge_and_winne
     sent = {e.name: e.traceparents for e in engines}
     assert sent[str(p["inferplane.endpoint"])] == [_traceparent_of(primary)]
     assert sent[str(h["inferplane.endpoint"])] == [_traceparent_of(hedge)]
-
-
-async def _until(cond: Any, timeout_s: float = 5.0) -> None:
-    for _ in range(int(timeout_s / 0.01)):
-        if cond():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition not met in time")
 
 
 def _seconds(span: ReadableSpan) -> float:
