@@ -23,7 +23,9 @@ For each call, in order (the first rule that answers decides):
 5. **shedding by capacity**: the pool's saturation as seen by the class (llm-d's engine
    saturation plus the gateway queue ahead, :mod:`inferplane.core.capacity`) against the
    class's threshold (sheddable first, critical never), raised with a workflow's progress
-   and lowered for a new one, so new tasks are refused before old ones are killed;
+   and lowered for a new one, so new tasks are refused before old ones are killed; shed
+   only while the call's predicted TTFT is also over the class's ``shed_min_ttft_s`` (so
+   scaled): a long queue that drains fast is no reason to refuse;
 6. **admit** when nothing of its class or above waits and an endpoint has a free slot
    for its class (lower classes leave a share of slots and KV free and are held while
    the best endpoint's predicted wait or TPOT is over their cap, only while a higher
@@ -213,8 +215,12 @@ class Admission:
             return Reject("deadline_unreachable", miss, self._ra(drain_s), 429, sat)
         limit = self._shed_threshold(prio, standing)
         if sat >= limit:
-            msg = f"{prio.value} shed: pool saturation {sat:.2f} >= {limit:.2f}"
-            return Reject("saturated", msg, self._ra(drain_s), 429, sat)
+            base = cfg.shed_saturation.of(prio)
+            wait_s = cfg.shed_min_ttft_s.of(prio) * (limit / base if base > 0 else 1.0)
+            if ttft_s >= wait_s:
+                msg = f"{prio.value} shed: pool saturation {sat:.2f} >= {limit:.2f}"
+                msg += f", predicted TTFT {ttft_s:.2f} s >= {wait_s:.2f} s"
+                return Reject("saturated", msg, self._ra(drain_s), 429, sat)
         # engines' queues too long for the higher-class demand seen
         held = decoding or cap.best.wait_s > self.held_config(now).headroom.max_wait_s.of(prio)
         if ahead.num_calls == 0 and cap.free_slots > 0 and not held:

@@ -211,6 +211,13 @@ class AdmissionConfig(_Frozen):
     engine_queue_allowance: int = Field(default=1, ge=0)
     #: A class is shed once the pool's saturation reaches this (critical: never).
     shed_saturation: PerClass = PerClass(critical=float("inf"), standard=2.0, sheddable=1.0)
+    #: ...but only while the call's predicted TTFT (its best endpoint, plus draining the
+    #: queued work served before it) is at least this, scaled as the saturation threshold
+    #: is by workflow progress. Saturation counts calls; a queue the fleet drains well
+    #: inside a class's wait is no reason to refuse work (a pool whose new replica warms up
+    #: queues a burst instead of killing tasks), while a long one still sheds at once. 0:
+    #: saturation alone decides (llm-d's rule; the rule before).
+    shed_min_ttft_s: PerClass = PerClass(critical=float("inf"), standard=2.0, sheddable=1.0)
     #: Output tokens assumed when predicting completion (capped by the call's max_tokens).
     expected_output_tokens: int = Field(default=256, ge=1)
     #: Reject early when the prediction exceeds the time left by this factor.

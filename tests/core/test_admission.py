@@ -78,9 +78,14 @@ NO_HEADROOM = HeadroomConfig(
 )
 
 
+SAT_ONLY = PerClass(critical=0.0, standard=0.0, sheddable=0.0)
+
+
 def adm(stub: StubPredictor | None = None, **cfg: object) -> Admission:
-    """A controller without critical headroom unless the test asks (its own tests below)."""
+    """A controller without critical headroom unless the test asks (its own tests below),
+    shedding on saturation alone (``shed_min_ttft_s`` 0; the TTFT gate's tests set it)."""
     cfg.setdefault("headroom", NO_HEADROOM)
+    cfg.setdefault("shed_min_ttft_s", SAT_ONLY)
     return Admission(AdmissionConfig(**cfg), stub or StubPredictor())  # type: ignore[arg-type]
 
 
@@ -181,6 +186,39 @@ def test_sheddable_first_then_standard_critical_never() -> None:
     d = a.admit(call("d2", prio=STD), sat2, 0.0)
     assert isinstance(d, Reject) and d.code == "saturated" and "standard" in d.message
     assert isinstance(a.admit(call("c", prio=CRIT), busy(in_flight=1000, kv=1.0), 0.0), Enqueue)
+
+
+def test_saturation_sheds_only_while_the_predicted_ttft_is_long() -> None:
+    """A saturated pool whose queue drains well inside the class's wait queues the call;
+    the same saturation with a long predicted TTFT sheds it, the message saying both."""
+    gate = PerClass(critical=INF, standard=2.0, sheddable=1.0)
+    sat2 = busy(in_flight=14)  # saturation 2.0: over both thresholds
+    quick = adm(StubPredictor(wait_s=0.5), shed_min_ttft_s=gate)  # TTFT 0.6 s
+    assert isinstance(quick.admit(call("s", prio=SHED), sat2, 0.0), Enqueue)
+    assert isinstance(quick.admit(call("d", prio=STD), sat2, 0.0), Enqueue)
+    slow = adm(StubPredictor(wait_s=1.5), shed_min_ttft_s=gate)  # TTFT 1.6 s
+    shed = slow.admit(call("s", prio=SHED), sat2, 0.0)
+    assert isinstance(shed, Reject) and shed.code == "saturated"
+    assert "predicted TTFT 1.60 s >= 1.00 s" in shed.message
+    assert isinstance(slow.admit(call("d", prio=STD), sat2, 0.0), Enqueue)  # 1.6 < 2.0
+    # The queue ahead counts: 8 critical calls queued drain in 8 x (0.05 + 0.5) s.
+    for i in range(8):
+        assert isinstance(quick.admit(call(f"c{i}", prio=CRIT), sat2, 0.0), Enqueue)
+    late = quick.admit(call("d2", prio=STD), sat2, 0.0)
+    assert isinstance(late, Reject) and late.code == "saturated"
+    # Under the saturation threshold a long predicted TTFT alone sheds nothing.
+    under = slow.admit(call("s2", prio=SHED), busy(in_flight=5), 0.0)
+    assert isinstance(under, Enqueue)
+
+
+def test_the_ttft_gate_scales_with_workflow_progress() -> None:
+    gate = PerClass(critical=INF, standard=2.0, sheddable=1.0)
+    a = adm(StubPredictor(wait_s=2.1), shed_min_ttft_s=gate)  # TTFT 2.2 s
+    _run_steps(a, "old", 4, 5)  # progress 4/5: threshold x (2.0 + 0.4) / 2.0 = 2.4 s
+    sat = busy(in_flight=24)  # saturation 3.0: over every workflow threshold
+    assert isinstance(a.admit(call("plain"), sat, 10.0), Reject)  # 2.2 >= 2.0
+    old = a.admit(call("old-5", wf="old", step=5, steps=5), sat, 10.0)
+    assert isinstance(old, Enqueue)  # 2.2 < 2.4: queued, not killed at step 5
 
 
 def test_kv_pressure_saturates_and_blocks_dispatch() -> None:
