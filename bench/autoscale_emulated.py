@@ -85,6 +85,7 @@ class Driver:
         self.rng = random.Random(args.seed)
         self.calls: list[CallResult] = []
         self.tasks_ok = self.tasks_failed = 0
+        self.refusals: list[str] = []  # the first refusals' messages, as the gateway gave them
         self._start = 0.0
 
     def text(self, words: int) -> str:
@@ -138,6 +139,8 @@ class Driver:
                 if resp.status != 200:
                     err = orjson.loads(await resp.read() or b"{}").get("error") or {}
                     why = f"{resp.status} {err.get('code') or err.get('type') or ''}"
+                    if len(self.refusals) < 50:
+                        self.refusals.append(f"{start - self._start:.1f} s: {err.get('message')}")
                     return CallResult(start - self._start, None, None, False, 0, why)
                 async for line in resp.content:
                     if not line.startswith(b"data: "):
@@ -197,7 +200,8 @@ async def run_arm(arm: str, replicas: int, args: argparse.Namespace) -> dict[str
         {"gateway": {"auth": {"mode": "anonymous"}, "log_requests": False,
                      "scrape_interval_s": 0.5, "health_interval_s": 0.5},
          "reliability": {"breaker": {"enabled": args.outlier_ejection}},
-         "admission": {"mode": "fcfs" if arm == "queue-hpa-open" else "inferplane"},
+         "admission": {**json.loads(args.admission),
+                       "mode": "fcfs" if arm == "queue-hpa-open" else "inferplane"},
          "endpoints": [fleet.endpoint_config(s) for s in slots]}
     )  # fmt: skip
     gateway = Gateway(config)
@@ -221,7 +225,8 @@ async def run_arm(arm: str, replicas: int, args: argparse.Namespace) -> dict[str
             hpa.start()
         driver = Driver(url, args)
         series: list[tuple[float, int, int, str]] = []  # (t, started, ready, states)
-        sampler = asyncio.create_task(_sample(fleet, gateway, series, slots))
+        pool_samples: list[dict[str, float]] = []
+        sampler = asyncio.create_task(_sample(fleet, gateway, series, slots, hpa, pool_samples))
         started = time.monotonic()
         await driver.run()
         elapsed = time.monotonic() - started
@@ -239,6 +244,7 @@ async def run_arm(arm: str, replicas: int, args: argparse.Namespace) -> dict[str
     result["decision_history"] = [{**h, "t": round(h["t"] - start, 1)} for h in history]
     if arm.startswith("queue-hpa"):
         result["rule_samples"] = hpa.samples
+    result["pool_samples"], result["refusals"] = pool_samples, driver.refusals
     return result
 
 
@@ -252,12 +258,19 @@ async def _ready(gateway: Gateway, names: list[str]) -> None:
 
 
 async def _sample(
-    fleet: EmbeddedFleet, gateway: Gateway, series: list[tuple[float, int, int, str]], slots: Any
+    fleet: EmbeddedFleet,
+    gateway: Gateway,
+    series: list[tuple[float, int, int, str]],
+    slots: Any,
+    hpa: QueueHpa,
+    pool_samples: list[dict[str, float]],
 ) -> None:
     """Each second: engines started (paid for), engines ready, and every slot's state
-    (first letter of the tracker's state; upper case when its engine runs, else lower)."""
+    (first letter of the tracker's state; upper case when its engine runs, else lower);
+    the pool as the queue rule sees it (waiting, running, gate queue, KV use) with it."""
     start = time.monotonic()
     while True:
+        pool_samples.append({"t": round(time.monotonic() - start, 1), **hpa.observe()})
         states = [gateway.tracker.state(s.name) for s in slots]
         ready = sum(st is EndpointState.READY and s.name in fleet.servers
                     for s, st in zip(slots, states, strict=True))  # fmt: skip
@@ -318,6 +331,12 @@ def main() -> None:
     parser.add_argument("--duration-s", type=float, default=300.0)
     parser.add_argument("--tasks-per-s", type=float, default=0.5, help="mean task arrival rate")
     parser.add_argument("--burst-at", type=float, default=0.35, help="fraction of the run")
+    parser.add_argument(
+        "--admission",
+        default="{}",
+        help="JSON merged into the gateway's admission config in every arm (a diagnostic, "
+        "e.g. '{\"kv_threshold\": 0.95}'; the queue-hpa-open arm still runs fcfs)",
+    )
     parser.add_argument("--burst-s", type=float, default=60.0)
     parser.add_argument("--time-scale", type=float, default=2.0)
     parser.add_argument("--tick-s", type=float, default=5.0)

@@ -57,6 +57,7 @@ class QueueHpa:
             "waiting": engines + gate, "engine_waiting": engines, "gate": gate,
             "engine_running": sum(v.load.num_running for v in views),
             "in_flight": sum(v.in_flight for v in views),
+            "kv_use_max": round(max((v.load.kv_usage for v in views), default=0.0), 3),
         }  # fmt: skip
 
     async def tick(self) -> None:
