@@ -1,15 +1,17 @@
 """The emulated autoscaling bench's load driver reaches the gateway with every call it has
-open: a cap on the client's connections would queue calls in the driver, where no engine and
-no scaling rule sees them."""
+open (a cap on the client's connections would queue calls in the driver, where no engine and
+no scaling rule sees them), and every arm gets the same tasks at the same times."""
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-from autoscale_emulated import client_session
+from autoscale_emulated import client_session, task_arrivals
+from autoscale_emulated_report import rate_factor
 
 
 async def test_the_driver_does_not_cap_its_connections() -> None:
@@ -20,3 +22,21 @@ async def test_the_driver_does_not_cap_its_connections() -> None:
         assert session.timeout.total == 120.0
     finally:
         await session.close()
+
+
+def _args(**kw: float) -> argparse.Namespace:
+    base = {"seed": 1, "tasks_per_s": 0.5, "duration_s": 300.0, "burst_at": 0.35, "burst_s": 60.0}
+    return argparse.Namespace(**{**base, **kw})
+
+
+def test_every_arm_gets_the_same_task_schedule_and_the_burst_is_in_it() -> None:
+    """Drawn up front from the seed alone: the same starts for the same seed, others for
+    another; the 60 s burst from 105 s carries ~5x the tasks of the minute before it."""
+    starts = task_arrivals(_args())
+    assert starts == task_arrivals(_args())
+    assert starts != task_arrivals(_args(seed=2))
+    assert starts == sorted(starts) and starts[0] > 0 and starts[-1] < 300.0
+    before = sum(45.0 <= t < 105.0 for t in starts)
+    burst = sum(105.0 <= t < 165.0 for t in starts)
+    assert burst > 3 * before > 0
+    assert 0.7 < len(starts) / sum(rate_factor(t + 0.5, _args()) * 0.5 for t in range(300)) < 1.3
