@@ -121,6 +121,7 @@ class PoolCounts:
     starting: dict[str, int]
     draining: int
     waiting_calls: int  # scraped engine queues
+    kv_use: float | None = None  # the fullest serving replica's KV-cache use
 
 
 class ScaleLoop:
@@ -183,7 +184,7 @@ class ScaleLoop:
             signals.append(
                 self.sensor.signal(
                     pool, now, c.serving, c.starting, backlog, self.config.tick_s,
-                    restart=restart,
+                    restart=restart, kv_use=c.kv_use,
                 )
             )  # fmt: skip
         return signals
