@@ -18,19 +18,15 @@ per window, from what the pool served and how well (sense, detect, adapt):
   does not raise it (the loop's backlog term buys its own replicas);
 * a window without SLO evidence (no calls ended, ``slo_attainment`` None) leaves it as it is;
 * **up, at once, on KV evidence**: a window that would raise it, whose fullest serving replica
-  reported its KV cache at ``kv_use``, shows how far the replicas can go before their KV is
-  at ``kv_plan_use``. By Little's law the KV held is the calls' rate times how long each
-  stays, and a memory-bound decode step reads the weights plus the KV held: with ``r`` the
-  KV read of a full cache over the weight read (``GpuOption.kv_read_ratio``, from the
-  profile), the rate at KV use ``k`` goes as ``k / (1 + r k)``, so the load can grow by
-  ``(p / k) x (1 + r k) / (1 + r p)`` (``p``: the plan use) and the fraction rises to that
-  at once, up to ``kv_max_utilisation``. (Linear in KV, ``r`` = 0, read 1.5x on the
-  simulator's decode-heavy day where the replicas held about 1.1x, and its burst missed.)
-  The modelled throughput is a batch of 48 generic calls; an engine running 168 agentic
-  calls at full KV served three times it within the SLO on the emulated fleet, and the
-  step alone learns that only after the burst that needed it. Guards: the cap, the plan
-  use under 1, no evidence where ``r`` is unknown, and the reset on a miss, which puts the
-  ceiling under the load that missed; the ceiling bounds the KV jump too, so a miss is not
+  reported its KV cache at ``kv_use``, shows room to about ``load x kv_plan_use / kv_use`` of
+  the modelled throughput (an engine's batch, and so what it serves, is bound by its KV
+  cache): the fraction rises to that at once, up to ``kv_max_utilisation``. The modelled
+  throughput is a batch of 48 generic calls; an engine running 168 agentic calls at full KV
+  served three times it within the SLO on the emulated fleet, and the step alone learns
+  that only after the burst that needed it. The extrapolation is linear in KV while an
+  engine's step time grows with the context it holds, so it reads high: the cap, the plan
+  use under 1 and the reset on a miss are its guards: a miss at load lowers the ceiling
+  under the load that missed, and the ceiling bounds the KV jump too, so a miss is not
   probed again. The step alone never passes ``max_utilisation``.
 
 ``max_utilisation`` None (or at most the target) turns learning off: the loop plans at
@@ -48,7 +44,7 @@ from inferplane.core.autoscale_plan import capacity
 if TYPE_CHECKING:
     from inferplane.core.autoscaler import PoolPolicy, PoolSignal
 
-__all__ = ["MIN_KV_USE", "Learned", "kv_room", "learn_utilisation", "learned_utilisation"]
+__all__ = ["MIN_KV_USE", "Learned", "learn_utilisation", "learned_utilisation"]
 
 # KV use under this (a few calls on an idle replica) is too small to extrapolate from.
 MIN_KV_USE = 0.05
@@ -73,7 +69,6 @@ def learned_utilisation(policy: PoolPolicy, signal: PoolSignal, previous: Learne
         load_fraction=signal.tokens_per_s / ready if ready > 0 else 0.0,
         hot_fraction=policy.hot_utilisation, kv_use=signal.kv_use,
         kv_plan_use=policy.kv_plan_use, kv_most=policy.kv_max_utilisation,
-        kv_read_ratio=max(o.kv_read_ratio for o in policy.options),
     )  # fmt: skip
 
 
@@ -91,17 +86,14 @@ def learn_utilisation(
     kv_use: float | None = None,
     kv_plan_use: float | None = None,
     kv_most: float = 1.0,
-    kv_read_ratio: float = 0.0,
 ) -> Learned:
     """The utilisation to plan for and its ceiling after a window (0: not learned yet).
 
     ``load_fraction``: the window's demand over the serving replicas' modelled capacity;
-    ``kv_use``: the fullest serving replica's KV-cache use (None: not reported);
-    ``kv_read_ratio``: the replicas' KV read at a full cache over their weight read (0:
-    unknown, no KV evidence)."""
+    ``kv_use``: the fullest serving replica's KV-cache use (None: not reported)."""
     if most is None or most <= target:
         return Learned(target, target)
-    kv_on = kv_plan_use is not None and kv_most > most and kv_read_ratio > 0
+    kv_on = kv_plan_use is not None and kv_most > most
     now = learned.utilisation if learned.utilisation > 0 else target
     ceiling = learned.ceiling if learned.ceiling > 0 else (kv_most if kv_on else most)
     if slo_attainment is None:
@@ -118,13 +110,5 @@ def learn_utilisation(
         return Learned(now, ceiling)
     raised = max(now, min(ceiling, most, now + step))
     if kv_on and kv_plan_use is not None and kv_use is not None and kv_use >= MIN_KV_USE:
-        growth = kv_room(kv_use, kv_plan_use, kv_read_ratio)
-        raised = max(raised, min(ceiling, load_fraction * growth))
+        raised = max(raised, min(ceiling, load_fraction * kv_plan_use / kv_use))
     return Learned(raised, ceiling)
-
-
-def kv_room(kv_use: float, plan_use: float, read_ratio: float) -> float:
-    """How many times its load a replica at KV use ``kv_use`` can carry at ``plan_use`` (1
-    or less: none), its step reading weights plus KV (``read_ratio``: a full cache's KV read
-    over the weight read)."""
-    return (plan_use / kv_use) * (1.0 + read_ratio * kv_use) / (1.0 + read_ratio * plan_use)

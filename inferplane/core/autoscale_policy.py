@@ -21,10 +21,6 @@ class GpuOption:
     price_per_hour_usd: float  # per replica (all its GPUs)
     tokens_per_s: float  # sustainable prompt + output tokens per second per replica
     cold_start_s: float  # from start to serving
-    # A decode step's KV read with the cache full over its weight read (memory-bound decode;
-    # from the engine profile). It tells how much an engine's throughput grows as its KV
-    # fills (the steps slow as they read more); 0: unknown, no KV evidence for this GPU.
-    kv_read_ratio: float = 0.0
 
     @property
     def usd_per_million_tokens(self) -> float:

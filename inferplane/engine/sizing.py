@@ -73,9 +73,4 @@ def gpu_option(
         ),
         tokens_per_s=rate / time_scale,
         cold_start_s=profile.load_time_s * time_scale,
-        kv_read_ratio=(
-            profile.model.kv_bytes_per_token
-            * profile.kv_capacity_tokens
-            / max(1.0, profile.model.weight_bytes)
-        ),
     )

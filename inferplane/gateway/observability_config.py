@@ -113,7 +113,6 @@ class PoolScaleConfig(_Frozen):
 
         spec = self.replica.get(gpu, GpuReplicaConfig())
         tokens, cold, price = spec.tokens_per_s, spec.cold_start_s, spec.price_per_hour_usd
-        ratio = 0.0  # a replica given in full has no profile to read its KV physics from
         if tokens is None or cold is None or price is None:
             from inferplane.engine.sizing import gpu_option
 
@@ -121,11 +120,7 @@ class PoolScaleConfig(_Frozen):
             tokens = modelled.tokens_per_s if tokens is None else tokens
             cold = modelled.cold_start_s if cold is None else cold
             price = modelled.price_per_hour_usd if price is None else price
-            ratio = modelled.kv_read_ratio
-        return GpuOption(
-            gpu=gpu, price_per_hour_usd=price, tokens_per_s=tokens, cold_start_s=cold,
-            kv_read_ratio=ratio,
-        )  # fmt: skip
+        return GpuOption(gpu=gpu, price_per_hour_usd=price, tokens_per_s=tokens, cold_start_s=cold)
 
 
 def _require_profile(model: str, gpu: str) -> None:

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inferplane.core.autoscale_learn import MIN_KV_USE, Learned, kv_room, learn_utilisation
+from inferplane.core.autoscale_learn import MIN_KV_USE, Learned, learn_utilisation
 from inferplane.core.autoscaler import (
     Autoscaler,
     AutoscalerState,
@@ -18,7 +18,6 @@ from inferplane.core.autoscaler import (
 )
 
 H100 = GpuOption("h100", price_per_hour_usd=4.0, tokens_per_s=1000.0, cold_start_s=60.0)
-H100_KV = GpuOption("h100", 4.0, 1000.0, 60.0, kv_read_ratio=3.0)
 
 
 def _learn(learned: Learned, slo: float | None, load: float = 0.8, backlog: float = 0.0) -> Learned:
@@ -90,51 +89,39 @@ def test_closed_loop_settles_when_the_slo_breaks_above_a_load(
     assert final_load <= breaks_at  # it settled where the SLO holds
 
 
-def _kv(
-    learned: Learned, slo: float | None, kv: float | None, load: float = 0.8, ratio: float = 3.0
-) -> Learned:
+def _kv(learned: Learned, slo: float | None, kv: float | None, load: float = 0.8) -> Learned:
     return learn_utilisation(
         learned, target=0.7, most=0.9, step=0.05, slo_target=0.95, slo_attainment=slo,
         backlog_tokens=0.0, load_fraction=load, hot_fraction=0.5, kv_use=kv,
-        kv_plan_use=0.8, kv_most=1.5, kv_read_ratio=ratio,
+        kv_plan_use=0.8, kv_most=1.5,
     )  # fmt: skip
 
 
-def test_kv_room_grows_less_than_the_kv_as_the_steps_slow() -> None:
-    """Little's law with a memory-bound step: the rate at KV use k goes as k / (1 + r k)."""
-    assert kv_room(0.5, 0.8, 0.0) == pytest.approx(1.6)  # steps that read no KV: linear
-    assert kv_room(0.5, 0.8, 3.0) == pytest.approx(1.6 * 2.5 / 3.4)
-    assert kv_room(0.8, 0.8, 3.0) == pytest.approx(1.0)
-    assert kv_room(0.2, 0.8, 3.0) < kv_room(0.2, 0.8, 1.0) < kv_room(0.2, 0.8, 0.0)
-
-
 def test_kv_room_at_load_raises_it_at_once_up_to_the_cap() -> None:
-    """0.8 of the modelled throughput served with the fullest KV cache at 0.5 (r = 3): room
-    to 0.8 x kv_room(0.5) = 0.94 of it; at KV 0.2 the room (1.51) is capped at 1.5."""
-    assert _kv(Learned(), 1.0, 0.5).utilisation == pytest.approx(0.8 * kv_room(0.5, 0.8, 3.0))
+    """0.8 of the modelled throughput served with the fullest KV cache at 0.5: room to
+    0.8 x 0.8 / 0.5 = 1.28 of it; at KV 0.2 the extrapolation (3.2) is capped at 1.5."""
+    assert _kv(Learned(), 1.0, 0.5).utilisation == pytest.approx(1.28)
     assert _kv(Learned(), 1.0, 0.2).utilisation == pytest.approx(1.5)
-    # a cache at the plan use shows the load carried, no more
-    assert _kv(Learned(), 1.0, 0.8).utilisation == pytest.approx(0.8)
-    # without a report, under MIN_KV_USE, cold, not clearly within SLO, or with the KV
-    # physics unknown (ratio 0): no jump, the step as before
+    # a full cache shows no room: the step as before
+    assert _kv(Learned(), 1.0, 0.9).utilisation == pytest.approx(0.75)
+    # without a report, under MIN_KV_USE, cold, or not clearly within SLO: no jump
     assert _kv(Learned(), 1.0, None).utilisation == pytest.approx(0.75)
     assert _kv(Learned(), 1.0, MIN_KV_USE / 2).utilisation == pytest.approx(0.75)
-    assert _kv(Learned(), 1.0, 0.2, ratio=0.0).utilisation == pytest.approx(0.75)
     assert _kv(Learned(), 1.0, 0.2, load=0.3).utilisation == pytest.approx(0.7)
     assert _kv(Learned(), 0.96, 0.2).utilisation == pytest.approx(0.7)
     # the step alone stops at max_utilisation; a KV jump's gain is kept by later windows
     learned = Learned()
     for _ in range(10):
-        learned = _kv(learned, 1.0, None)
+        learned = _kv(learned, 1.0, 0.9)
     assert learned.utilisation == pytest.approx(0.9)
-    assert _kv(_kv(Learned(), 1.0, 0.2), 1.0, None).utilisation == pytest.approx(1.5)
+    assert _kv(_kv(Learned(), 1.0, 0.2), 1.0, 0.9).utilisation == pytest.approx(1.5)
 
 
 def test_a_miss_after_a_kv_jump_puts_the_ceiling_under_the_load_that_missed() -> None:
     jumped = _kv(Learned(), 1.0, 0.2)
     missed = _kv(jumped, 0.5, 0.95, load=1.2)
     assert missed.utilisation == 0.7 and missed.ceiling == pytest.approx(1.15)
-    assert _kv(missed, 1.0, 0.1).utilisation == pytest.approx(1.15)  # not probed again
+    assert _kv(missed, 1.0, 0.2).utilisation == pytest.approx(1.15)  # not probed again
     # a miss in a cold window says nothing of the load: one step down, as before
     assert _kv(jumped, 0.5, 0.1, load=0.3).ceiling == pytest.approx(1.45)
 
@@ -147,7 +134,7 @@ def test_closed_loop_with_kv_evidence_misses_a_few_times_then_settles(
     """Each replica keeps the SLO up to ``true_capacity`` of its modelled throughput; its KV
     reads ``kv_reads`` x load / true capacity (under 1: the extrapolation reads high). The
     loop misses at most a few times, then stops changing, and never plans over the cap."""
-    policy = PoolPolicy("m", (H100_KV,), max_replicas=40, scale_down_window_s=60.0)
+    policy = PoolPolicy("m", (H100,), max_replicas=40, scale_down_window_s=60.0)
     scaler = Autoscaler([policy])
     state, fleet, misses, changes = AutoscalerState(), {"h100": 1}, 0, []
     for i in range(400):
