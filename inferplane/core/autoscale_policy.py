@@ -40,11 +40,6 @@ class PoolPolicy:
     # up to this (None: no learning), an SLO miss resets it (core/autoscale_learn.py).
     max_utilisation: float | None = 0.9
     utilisation_step: float = 0.02
-    # KV evidence: a window within SLO at load whose fullest replica's KV cache is at kv_use
-    # lets the fraction jump to load x kv_plan_use / kv_use, at most kv_max_utilisation
-    # (kv_plan_use None: off; a cap at or under max_utilisation: off).
-    kv_plan_use: float | None = 0.8
-    kv_max_utilisation: float = 1.5
     backlog_drain_s: float = 30.0  # a backlog should drain within this
     slo_target: float = 0.95  # attainment below this while the pool runs hot adds a replica
     hot_utilisation: float = 0.5  # "runs hot": observed demand over this fraction of capacity
@@ -97,8 +92,6 @@ class PoolPolicy:
         most = self.max_utilisation
         if (most is not None and not 0 < most <= 1) or self.utilisation_step <= 0:
             raise ValueError(f"pool {self.pool!r}: max_utilisation in (0, 1], step > 0")
-        if self.kv_plan_use is not None and not 0 < self.kv_plan_use <= 1:
-            raise ValueError(f"pool {self.pool!r}: kv_plan_use in (0, 1]")
         if any(o.tokens_per_s <= 0 or o.price_per_hour_usd < 0 for o in self.options):
             raise ValueError(f"pool {self.pool!r}: options need tokens_per_s > 0, price >= 0")
         if min(self.surge_z, self.early_surge_z) <= 0 or self.surge_max_factor < 1:

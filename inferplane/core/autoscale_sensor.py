@@ -74,11 +74,9 @@ class PoolSensor:
         default_window_s: float = 15.0,
         *,
         restart: bool = True,
-        kv_use: float | None = None,
     ) -> PoolSignal:
         """The window ending at ``now_s`` as a signal; the next window starts now (unless
-        ``restart`` is False: a look at a window not yet due, which keeps counting); ``kv_use``:
-        the KV-cache use of the pool's fullest serving replica, if known."""
+        ``restart`` is False: a look at a window not yet due, which keeps counting)."""
         window = self._window(pool)
         started = window.started_s
         window_s = default_window_s if started is None else max(1e-9, now_s - started)
@@ -93,7 +91,6 @@ class PoolSensor:
             slo_attainment=attainment,
             serving=dict(serving),
             starting=dict(starting or {}),
-            kv_use=kv_use,
         )
         if restart:
             self._windows[pool] = _Window(started_s=now_s)

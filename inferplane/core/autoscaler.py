@@ -94,7 +94,6 @@ class PoolSignal:
     slo_attainment: float | None = None  # fraction of calls in the window within SLO
     serving: Mapping[str, int] = field(default_factory=dict)  # gpu -> ready replicas
     starting: Mapping[str, int] = field(default_factory=dict)  # gpu -> cold/warming replicas
-    kv_use: float | None = None  # KV-cache use (0-1) of the fullest serving replica; None: unknown
 
     @property
     def tokens_per_s(self) -> float:

@@ -44,7 +44,6 @@ from inferplane.gateway.autoscale_demand import (
     EXCHANGE_ERRORS,
     PoolCounts,
     SharedDemand,
-    pool_kv_use,
     pool_views,
     registry_counts,
 )
@@ -209,7 +208,6 @@ class AutoscaleController:
                     slo_attainment=None if done <= 0 else min(1.0, (ok - prev[1]) / done),
                     serving=serving,
                     starting=starting,
-                    kv_use=pool_kv_use(views, pool),
                 )
             )
         return out

@@ -27,14 +27,7 @@ from prometheus_client import CollectorRegistry
 from inferplane.core.types import EndpointState, EndpointView
 from inferplane.state.resp import ReplyError, RespClient, Script
 
-__all__ = [
-    "EXCHANGE_ERRORS",
-    "PoolCounts",
-    "SharedDemand",
-    "pool_kv_use",
-    "pool_views",
-    "registry_counts",
-]
+__all__ = ["EXCHANGE_ERRORS", "PoolCounts", "SharedDemand", "pool_views", "registry_counts"]
 
 #: What :meth:`SharedDemand.exchange` raises when Redis is away, slow or answers nonsense.
 EXCHANGE_ERRORS = (OSError, TimeoutError, ReplyError, ValueError, TypeError)
@@ -163,14 +156,3 @@ def pool_views(
         elif v.state is EndpointState.WARMING:
             starting[v.info.gpu] = starting.get(v.info.gpu, 0) + 1
     return serving, starting, waiting, in_flight
-
-
-def pool_kv_use(views: list[EndpointView], pool: str) -> float | None:
-    """The KV-cache use of the pool's fullest ready endpoint (None: none reports one): the
-    autoscaler's evidence of room beyond the modelled throughput."""
-    uses = [
-        v.load.kv_usage
-        for v in views
-        if v.serves(pool) and v.state is EndpointState.READY and v.load.kv_usage > 0
-    ]
-    return max(uses) if uses else None

@@ -74,11 +74,6 @@ class PoolScaleConfig(_Frozen):
     # modelled capacity may rise to from target_utilisation (None: never rises), and its step.
     max_utilisation: float | None = Field(default=0.9, gt=0, le=1)
     utilisation_step: float = Field(default=0.02, gt=0)
-    # KV evidence: a window within SLO at load whose fullest replica's KV cache is at kv_use
-    # may raise it at once to load x kv_plan_use / kv_use, up to kv_max_utilisation (a
-    # multiple of the modelled throughput; kv_plan_use None: off).
-    kv_plan_use: float | None = Field(default=0.8, gt=0, le=1)
-    kv_max_utilisation: float = Field(default=1.5, gt=0)
     # Burst episodes (core/autoscale_burst.py): the length a burst is expected to last before
     # one is seen (None: unknown, bought for as usual), and how long a replica bought during
     # one must serve it (None: its cold start).
@@ -165,8 +160,6 @@ class AutoscaleConfig(_Frozen):
                 reserve_max_replicas=p.reserve_max_replicas,
                 max_utilisation=p.max_utilisation,
                 utilisation_step=p.utilisation_step,
-                kv_plan_use=p.kv_plan_use,
-                kv_max_utilisation=p.kv_max_utilisation,
                 burst_prior_now=p.burst_prior_now,
                 burst_length_s=p.burst_length_s,
                 burst_min_serve_s=p.burst_min_serve_s,

@@ -190,7 +190,6 @@ class Scaling:
         serving: dict[str, int] = {}
         starting: dict[str, int] = {}
         draining = waiting = 0
-        kv_use = 0.0
         for ep in self._live(pool):
             gpu = ep.info.gpu
             waiting += ep.load.num_waiting
@@ -198,10 +197,9 @@ class Scaling:
                 draining += 1
             elif ep.engine.state is EngineState.READY:
                 serving[gpu] = serving.get(gpu, 0) + 1
-                kv_use = max(kv_use, ep.load.kv_usage)
             else:
                 starting[gpu] = starting.get(gpu, 0) + 1
-        return PoolCounts(serving, starting, draining, waiting, kv_use or None)
+        return PoolCounts(serving, starting, draining, waiting)
 
     def _scale_to(self, pool: str, desired: Mapping[str, int], now: float) -> None:
         live = [ep for ep in self._live(pool) if not ep.draining]

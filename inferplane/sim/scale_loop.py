@@ -121,7 +121,6 @@ class PoolCounts:
     starting: dict[str, int]
     draining: int
     waiting_calls: int  # scraped engine queues
-    kv_use: float | None = None  # the fullest serving replica's KV-cache use
 
 
 class ScaleLoop:
@@ -184,7 +183,7 @@ class ScaleLoop:
             signals.append(
                 self.sensor.signal(
                     pool, now, c.serving, c.starting, backlog, self.config.tick_s,
-                    restart=restart, kv_use=c.kv_use,
+                    restart=restart,
                 )
             )  # fmt: skip
         return signals
