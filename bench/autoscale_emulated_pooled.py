@@ -76,13 +76,12 @@ def compare(runs: dict[str, dict[str, dict[str, Any]]], other: str) -> tuple[str
     both = [by for by in runs.values() if "inferplane" in by and other in by]
     if not both:
         return f"(no run holds inferplane and {other})", 0, 0
-    key = "queue-hpa" if other != "peak" else "peak"
-    alone = [verdicts({"inferplane": by["inferplane"], key: by[other]}) for by in both]
-    passed = sum(bool(v) and v[0].startswith("PASS") for v in alone)
+    # one comparison in, one verdict out (``verdicts`` names each arm it compares against)
+    alone = [verdicts({"inferplane": by["inferplane"], other: by[other]})[0] for by in both]
+    passed = sum(v.startswith("PASS") for v in alone)
     pool = {"inferplane": pooled([by["inferplane"] for by in both]),
-            key: pooled([by[other] for by in both])}  # fmt: skip
-    line = verdicts(pool)[0].replace("queue-hpa", other) if key != other else verdicts(pool)[0]
-    return line, passed, len(both)
+            other: pooled([by[other] for by in both])}  # fmt: skip
+    return verdicts(pool)[0], passed, len(both)
 
 
 def table(runs: dict[str, dict[str, dict[str, Any]]]) -> str:
@@ -90,27 +89,24 @@ def table(runs: dict[str, dict[str, dict[str, Any]]]) -> str:
              "| tasks ok/failed | max engines |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for tag, by in runs.items():
         seed = next(iter(by.values()))["args"].get("seed")
-        for arm in ARMS:
-            if (r := by.get(arm)) is not None:
-                cost = r["cost_per_successful_task_usd"]
-                lines.append(
-                    f"| {tag} (seed {seed}) | {arm} | {r['calls']} | "
-                    f"{100 * (r['slo_attainment'] or 0):.2f}% | {r['gpu_hours']:.3f} | "
-                    f"{'-' if cost is None else f'${cost:.5f}'} | "
-                    f"{r['tasks_ok']}/{r['tasks_failed']} | {r['max_replicas']} |"
-                )
+        lines += [_row(f"{tag} (seed {seed})", r, f"{r['gpu_hours']:.3f}", r["max_replicas"])
+                  for arm in ARMS if (r := by.get(arm)) is not None]  # fmt: skip
     for arm in ARMS:
-        arm_runs = [by[arm] for by in runs.values() if arm in by]
-        if arm_runs:
+        if arm_runs := [by[arm] for by in runs.values() if arm in by]:
             p = pooled(arm_runs)
-            cost = p["cost_per_successful_task_usd"]
             lines.append(
-                f"| **pooled ({p['runs']} runs)** | {arm} | {p['calls']} | "
-                f"{100 * (p['slo_attainment'] or 0):.2f}% | {p['gpu_hours']:.3f} (sum) | "
-                f"{'-' if cost is None else f'${cost:.5f}'} | "
-                f"{p['tasks_ok']}/{p['tasks_failed']} | |"
+                _row(f"**pooled ({p['runs']} runs)**", p, f"{p['gpu_hours']:.3f} (sum)", "")
             )
     return "\n".join(lines)
+
+
+def _row(label: str, r: dict[str, Any], hours: str, engines: object) -> str:
+    cost = r["cost_per_successful_task_usd"]
+    return (
+        f"| {label} | {r['arm']} | {r['calls']} | {100 * (r['slo_attainment'] or 0):.2f}% | "
+        f"{hours} | {'-' if cost is None else f'${cost:.5f}'} | "
+        f"{r['tasks_ok']}/{r['tasks_failed']} | {engines} |"
+    )
 
 
 def main() -> None:
