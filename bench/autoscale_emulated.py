@@ -6,7 +6,8 @@ their weights before they answer ``/health``; drained ones finish their calls, t
 and a load driver in the same process sending agentic tasks (4-8 streamed calls each with a
 workflow id, a shared system prompt and a growing context) whose arrival rate follows a
 diurnal curve compressed into ``--duration-s`` (trough 0.4x, peak 1.6x of ``--tasks-per-s``)
-with a 5x burst for ``--burst-s`` from ``--burst-at`` of the run. Three arms, one after the
+with a 5x burst for ``--burst-s`` from ``--burst-at`` of the run. Every call states its SLO
+(``X-TTFT-Budget-Ms``, ``X-Deadline-Ms``), as the simulator's calls do. Four arms, one after the
 other, same seed:
 
 * ``inferplane``: ``setup_autoscaling`` with the embedded fleet as actuator, one warm engine
@@ -103,6 +104,10 @@ class Driver:
         self.tasks_ok = self.tasks_failed = 0
         self.refusals: list[str] = []  # the first refusals' messages, as the gateway gave them
         self._start = 0.0
+        # Each call states the SLO it is judged by, as the simulator's calls carry theirs
+        # (``bench/autoscale.py``): admission's deadline and shedding tests read them.
+        self.budgets = {"X-TTFT-Budget-Ms": str(round(args.slo_ttft_s * 1000)),
+                        "X-Deadline-Ms": str(round(args.slo_e2e_s * 1000))}  # fmt: skip
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -127,7 +132,7 @@ class Driver:
             {"role": "user", "content": text(rng, 300)},
         ]
         for step in range(1, steps + 1):
-            headers = {"X-Workflow-Id": f"t{n}", "X-Workflow-Step": str(step),
+            headers = {**self.budgets, "X-Workflow-Id": f"t{n}", "X-Workflow-Step": str(step),
                        "X-Workflow-Steps": str(steps)}  # fmt: skip
             result = await self.call(session, messages, headers)
             self.calls.append(result)

@@ -25,7 +25,8 @@ For each call, in order (the first rule that answers decides):
    class's threshold (sheddable first, critical never), raised with a workflow's progress
    and lowered for a new one, so new tasks are refused before old ones are killed; shed
    only while the call's predicted TTFT is also over the class's ``shed_min_ttft_s`` (so
-   scaled): a long queue that drains fast is no reason to refuse;
+   scaled; a call with a TTFT budget, while no higher class has demand, over what is left
+   of its budget if longer): a long queue that drains fast is no reason to refuse;
 6. **admit** when nothing of its class or above waits and an endpoint has a free slot
    for its class (lower classes leave a share of slots and KV free and are held while
    the best endpoint's predicted wait or TPOT is over their cap, only while a higher
@@ -216,7 +217,7 @@ class Admission:
         limit = self._shed_threshold(prio, standing)
         if sat >= limit:
             base = cfg.shed_saturation.of(prio)
-            wait_s = cfg.shed_min_ttft_s.of(prio) * (limit / base if base > 0 else 1.0)
+            wait_s = self._shed_min_ttft_s(call, now) * (limit / base if base > 0 else 1.0)
             if ttft_s >= wait_s:
                 msg = f"{prio.value} shed: pool saturation {sat:.2f} >= {limit:.2f}"
                 msg += f", predicted TTFT {ttft_s:.2f} s >= {wait_s:.2f} s"
@@ -235,6 +236,17 @@ class Admission:
         if shed and sat >= 1.0:
             return Reject("saturated", f"pool saturation {sat:.2f} >= 1", 0, 429, sat)
         return Admit(f"admitted ({cfg.mode.value})", sat, None)
+
+    def _shed_min_ttft_s(self, call: CallContext, now: float) -> float:
+        """The predicted TTFT under which a saturated pool still queues the call: its class's
+        ``shed_min_ttft_s``, or, where the call states a TTFT budget and no higher class has
+        demand now (nothing to protect by refusing it), what is left of that budget if longer:
+        the deadline test then decides. Seed 2 of the emulated autoscale bench shed 62 calls
+        at a predicted 2.1-2.5 s (standard's 2 s) that its open arm served inside the 3 s SLO."""
+        bar_s = self.config.shed_min_ttft_s.of(call.priority)
+        if call.ttft_budget_s is None or self.headroom.demand_above(call.priority, now):
+            return bar_s
+        return max(bar_s, call.ttft_budget_s - max(0.0, now - call.arrival_s))
 
     def _shed_threshold(self, prio: PriorityClass, standing: WorkflowStanding | None) -> float:
         base = self.config.shed_saturation.of(prio)

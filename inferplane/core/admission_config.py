@@ -216,7 +216,9 @@ class AdmissionConfig(_Frozen):
     #: is by workflow progress. Saturation counts calls; a queue the fleet drains well
     #: inside a class's wait is no reason to refuse work (a pool whose new replica warms up
     #: queues a burst instead of killing tasks), while a long one still sheds at once. 0:
-    #: saturation alone decides (llm-d's rule; the rule before).
+    #: saturation alone decides (llm-d's rule; the rule before). A call that states a TTFT
+    #: budget, while no higher class has demand, is held to what is left of its budget
+    #: instead where that is longer: refusing it protects no one, and it says what it can wait.
     shed_min_ttft_s: PerClass = PerClass(critical=float("inf"), standard=2.0, sheddable=1.0)
     #: Output tokens assumed when predicting completion (capped by the call's max_tokens).
     expected_output_tokens: int = Field(default=256, ge=1)

@@ -141,6 +141,10 @@ class HeadroomDemand:
         building the config value (admission asks on every call)."""
         return (not math.isinf(self._cap(1, now)), not math.isinf(self._cap(2, now)))
 
+    def demand_above(self, priority: PriorityClass, now: float) -> bool:
+        """Whether a call of a class above ``priority`` arrived within the demand window."""
+        return bool(self._active(_ORDER[: _ORDER.index(priority)], now))
+
     def _cap(self, i: int, now: float) -> float:
         """The wait cap of the ``i``-th class in priority order (0: critical, never held)."""
         active = self._active(_ORDER[:i], now)

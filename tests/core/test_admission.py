@@ -211,6 +211,31 @@ def test_saturation_sheds_only_while_the_predicted_ttft_is_long() -> None:
     assert isinstance(under, Enqueue)
 
 
+def test_a_stated_ttft_budget_sets_the_gate_while_no_higher_class_waits() -> None:
+    """A saturated pool queues a call predicted under what is left of its own TTFT budget
+    (refusing it protects no one) and keeps the class's bar while a higher class has
+    demand; past the demand window the budget counts again."""
+    gate = PerClass(critical=INF, standard=2.0, sheddable=1.0)
+    sat2 = busy(in_flight=14)  # saturation 2.0: over both thresholds
+
+    def fresh() -> Admission:
+        return adm(StubPredictor(wait_s=2.1), shed_min_ttft_s=gate)  # TTFT 2.2 s
+
+    assert isinstance(fresh().admit(call("plain"), sat2, 0.0), Reject)  # no budget: 2.2 >= 2
+    assert isinstance(fresh().admit(call("b3", ttft_budget_s=3.0), sat2, 0.0), Enqueue)
+    shed = fresh().admit(call("s5", prio=SHED, ttft_budget_s=5.0), sat2, 0.0)
+    assert isinstance(shed, Enqueue)  # sheddable: its 5 s budget over its 1 s bar
+    # A critical call arrived: standard and sheddable are held to their classes' bars.
+    a = fresh()
+    a.note_arrival(call("c", prio=CRIT), 0.0)
+    held = a.admit(call("b3-held", ttft_budget_s=3.0, arrival=1.0), sat2, 1.0)
+    assert isinstance(held, Reject) and held.code == "saturated" and ">= 2.00 s" in held.message
+    # Past the demand window the critical call no longer counts: the budget does again.
+    later_s = 1.0 + a.config.headroom.demand_window_s
+    free = a.admit(call("b3-after", ttft_budget_s=3.0, arrival=later_s), sat2, later_s)
+    assert isinstance(free, Enqueue)
+
+
 def test_the_ttft_gate_scales_with_workflow_progress() -> None:
     gate = PerClass(critical=INF, standard=2.0, sheddable=1.0)
     a = adm(StubPredictor(wait_s=2.1), shed_min_ttft_s=gate)  # TTFT 2.2 s
