@@ -33,9 +33,11 @@ engines for 163 s that way); these engines never fail, and both arms get the sam
 Reports replicas over time (started engines, warming and draining included: what is paid),
 SLO attainment (streamed calls with a first token within ``--slo-ttft-s`` and done within
 ``--slo-e2e-s``, over calls sent), GPU-hours and cost per successful task, with the issue's
-PASS/MISS lines. Writes bench/results/autoscale-emulated[-TAG].json, .md and .png. The
-engines, the gateway and the load share this machine's cores, so the numbers carry the
-machine's load (printed with them).
+PASS/MISS lines. A task succeeds when every call of it met the SLO (DESIGN.md: its calls
+succeed within their deadlines); cost per completed task, whatever its calls' latency (the
+measure before 2026-12-06), is reported beside it. Writes
+bench/results/autoscale-emulated[-TAG].json, .md and .png. The engines, the gateway and the
+load share this machine's cores, so the numbers carry the machine's load (printed with them).
 
 Run: ``python bench/autoscale_emulated.py [--duration-s 300] [--time-scale 2]``.
 """
@@ -69,7 +71,15 @@ from inferplane.gateway.autoscale import (
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from autoscale_emulated_report import CallResult, plot, rate_factor, summarise, table, verdicts
+from autoscale_emulated_report import (
+    CallResult,
+    met_slo,
+    plot,
+    rate_factor,
+    summarise,
+    table,
+    verdicts,
+)
 from autoscale_hpa import QueueHpa
 
 RESULTS = Path(__file__).parent / "results"
@@ -102,6 +112,7 @@ class Driver:
         self.url, self.args = url, args
         self.calls: list[CallResult] = []
         self.tasks_ok = self.tasks_failed = 0
+        self.tasks_in_slo = 0  # completed with every call within the SLO: successful
         self.refusals: list[str] = []  # the first refusals' messages, as the gateway gave them
         self._start = 0.0
         # Each call states the SLO it is judged by, as the simulator's calls carry theirs
@@ -131,11 +142,13 @@ class Driver:
             {"role": "system", "content": "You are a coding agent. " + "tools " * 400},
             {"role": "user", "content": text(rng, 300)},
         ]
+        in_slo = True
         for step in range(1, steps + 1):
             headers = {**self.budgets, "X-Workflow-Id": f"t{n}", "X-Workflow-Step": str(step),
                        "X-Workflow-Steps": str(steps)}  # fmt: skip
             result = await self.call(session, messages, headers)
             self.calls.append(result)
+            in_slo = in_slo and met_slo(result, self.args)
             if not result.ok:
                 self.tasks_failed += 1
                 return
@@ -143,6 +156,7 @@ class Driver:
                          {"role": "user", "content": "tool result: " + text(rng, 800)}]  # fmt: skip
             await asyncio.sleep(rng.uniform(0.2, 1.0))
         self.tasks_ok += 1
+        self.tasks_in_slo += in_slo
 
     async def call(
         self, session: aiohttp.ClientSession, messages: list[dict[str, str]], headers: Any

@@ -28,7 +28,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from autoscale_emulated_report import verdicts
+from autoscale_emulated_report import tasks, usd, verdicts
 
 RESULTS = Path(__file__).parent / "results"
 ARMS = ("inferplane", "queue-hpa", "queue-hpa-open", "peak")
@@ -54,15 +54,21 @@ def pooled(results: list[dict[str, Any]]) -> dict[str, Any]:
     calls = sum(r["calls"] for r in results)
     met = sum((r["slo_attainment"] or 0.0) * r["calls"] for r in results)
     spend = sum(r["spend_usd"] for r in results)
-    ok = sum(r["tasks_ok"] for r in results)
+    missing = [r["arm"] for r in results if "tasks_in_slo" not in r]
+    if missing:  # runs before 2026-12-06 counted completed tasks as successful
+        raise ValueError(f"{missing[0]}: a run without tasks_in_slo cannot be pooled")
+    ok = sum(r["tasks_in_slo"] for r in results)
+    done = sum(r["tasks_ok"] for r in results)
     hours = [r["gpu_hours"] for r in results]
     costs = [c for r in results if (c := r["cost_per_successful_task_usd"]) is not None]
     return {
         "arm": results[0]["arm"], "runs": len(results), "calls": calls,
         "slo_attainment": met / calls if calls else None,
-        "tasks_ok": ok, "tasks_failed": sum(r["tasks_failed"] for r in results),
+        "tasks_in_slo": ok, "tasks_ok": done,
+        "tasks_failed": sum(r["tasks_failed"] for r in results),
         "gpu_hours": sum(hours), "spend_usd": spend,
         "cost_per_successful_task_usd": spend / ok if ok else None,
+        "cost_per_completed_task_usd": spend / done if done else None,
         "gpu_hours_range": [min(hours), max(hours)],
         "cost_range": [min(costs), max(costs)] if costs else None,
         "attainment_range": [min(r["slo_attainment"] or 0.0 for r in results),
@@ -86,7 +92,8 @@ def compare(runs: dict[str, dict[str, dict[str, Any]]], other: str) -> tuple[str
 
 def table(runs: dict[str, dict[str, dict[str, Any]]]) -> str:
     lines = ["| run | arm | calls | SLO attainment | GPU-hours | cost / successful task "
-             "| tasks ok/failed | max engines |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "| cost / completed task | tasks in SLO/completed/failed | max engines |",
+             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for tag, by in runs.items():
         seed = next(iter(by.values()))["args"].get("seed")
         lines += [_row(f"{tag} (seed {seed})", r, f"{r['gpu_hours']:.3f}", r["max_replicas"])
@@ -101,11 +108,10 @@ def table(runs: dict[str, dict[str, dict[str, Any]]]) -> str:
 
 
 def _row(label: str, r: dict[str, Any], hours: str, engines: object) -> str:
-    cost = r["cost_per_successful_task_usd"]
     return (
         f"| {label} | {r['arm']} | {r['calls']} | {100 * (r['slo_attainment'] or 0):.2f}% | "
-        f"{hours} | {'-' if cost is None else f'${cost:.5f}'} | "
-        f"{r['tasks_ok']}/{r['tasks_failed']} | {engines} |"
+        f"{hours} | {usd(r['cost_per_successful_task_usd'])} | "
+        f"{usd(r['cost_per_completed_task_usd'])} | {tasks(r)} | {engines} |"
     )
 
 
