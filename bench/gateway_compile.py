@@ -71,7 +71,7 @@ MODULES = (
     "latency_outliers", "throttle", "accounting", "accounting_types", "spend_meter",
     "candidates", "scoring_context", "scorers", "affinity", "retry", "queueing",
     "queue_items", "cache", "prompt_reuse", "kv_claims", "slowstart", "resumption",
-    "workflows", "workflow_sync", "types", "routing",
+    "workflows", "workflow_sync", "types", "routing", "output_lengths",
 )  # fmt: skip
 #: Gateway modules on the call path that build too (``--gateway-modules ""``: core only).
 GATEWAY_MODULES = (

@@ -61,6 +61,7 @@ from inferplane.core.capacity import (
     scraped_saturation,
 )
 from inferplane.core.headroom import HeadroomDemand, HeldConfigs, decode_held
+from inferplane.core.output_lengths import OutputLengths
 from inferplane.core.predictor import LatencyPredictor
 from inferplane.core.prompt_reuse import ConversationReuse
 from inferplane.core.queueing import ExitKind, QueueExit, QueueItem, RequestQueue
@@ -100,6 +101,7 @@ class Admission:
         self.stats = AdmissionStats()
         self.headroom = HeadroomDemand(self.config.headroom)
         self._held = HeldConfigs(self.config, self.headroom)
+        self.outputs = OutputLengths(self.config.expected_output_tokens)
 
     # -- the decision -------------------------------------------------------------------
 
@@ -357,8 +359,12 @@ class Admission:
         num_tokens: int,
         cost_usd: float = 0.0,
         success: bool = True,
+        num_output_tokens: int | None = None,
     ) -> None:
-        """An admitted or dispatched call ended: settle quotas, workflow ledger, service."""
+        """An admitted or dispatched call ended: settle quotas, workflow ledger, service;
+        a success with its ``num_output_tokens`` teaches the expected output length."""
+        if success and num_output_tokens is not None:
+            self.outputs.note(call.model, num_output_tokens, call.max_tokens)
         self.quotas.release(call.request_id, now, num_tokens=num_tokens, cost_usd=cost_usd)
         if call.workflow_id is not None:
             self.gate.closed(call, now)
@@ -400,7 +406,8 @@ class Admission:
         return decision
 
     def _num_output(self, call: CallContext) -> int:
-        return max(1, min(call.max_tokens, self.config.expected_output_tokens))
+        """Its expected output: the model's learned length cut at its ``max_tokens``."""
+        return self.outputs.expected(call.model, call.max_tokens)
 
     def _ra(self, seconds: float) -> int:
         """Retry-After in whole seconds, within the configured bounds."""

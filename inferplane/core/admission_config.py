@@ -220,7 +220,9 @@ class AdmissionConfig(_Frozen):
     #: budget, while no higher class has demand, is held to what is left of its budget
     #: instead where that is longer: refusing it protects no one, and it says what it can wait.
     shed_min_ttft_s: PerClass = PerClass(critical=float("inf"), standard=2.0, sheddable=1.0)
-    #: Output tokens assumed when predicting completion (capped by the call's max_tokens).
+    #: Output tokens a call is assumed to generate before any finished (the prior of the
+    #: length learned per model from finished calls, :mod:`inferplane.core.output_lengths`),
+    #: for predicting completion and the queue's drain; cut at each call's max_tokens.
     expected_output_tokens: int = Field(default=256, ge=1)
     #: Reject early when the prediction exceeds the time left by this factor.
     deadline_slack: float = Field(default=1.0, gt=0)

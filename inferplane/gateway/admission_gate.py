@@ -199,12 +199,19 @@ class AdmissionGate:
         return True
 
     def leave(
-        self, call: CallContext, *, num_tokens: int, cost_usd: float = 0.0, success: bool = True
+        self,
+        call: CallContext,
+        *,
+        num_tokens: int,
+        cost_usd: float = 0.0,
+        success: bool = True,
+        num_output_tokens: int | None = None,
     ) -> None:
         """An admitted or dispatched call ended: settle it, then let waiting calls in."""
         self.core.on_finish(
-            call, self._clock(), num_tokens=num_tokens, cost_usd=cost_usd, success=success
-        )
+            call, self._clock(), num_tokens=num_tokens, cost_usd=cost_usd, success=success,
+            num_output_tokens=num_output_tokens,
+        )  # fmt: skip
         self._settle_shared(call.request_id, num_tokens)
         if self.core.queue:
             self.poll()

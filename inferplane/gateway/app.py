@@ -306,7 +306,10 @@ class Gateway:
                 if ok and done.endpoint is not None:
                     router.remember_workflow(ctx.workflow_id, done.endpoint, now)
                 num_tokens = done.prompt_tokens + done.completion_tokens
-                self.gate.leave(admitted, num_tokens=num_tokens, cost_usd=cost[0], success=ok)
+                self.gate.leave(
+                    admitted, num_tokens=num_tokens, cost_usd=cost[0], success=ok,
+                    num_output_tokens=done.completion_tokens if ok else None,
+                )  # fmt: skip
             return cost[0]
 
         def on_attempt(endpoint: str, retry_reason: str | None) -> None:

@@ -52,7 +52,9 @@ class Gate(Protocol):
 
     def cancel(self, request_id: str, now: float) -> QueueExit | None: ...
 
-    def on_finish(self, call: CallContext, now: float, num_tokens: int, success: bool) -> None: ...
+    def on_finish(
+        self, call: CallContext, now: float, num_tokens: int, success: bool, num_output: int = 0
+    ) -> None: ...
 
     def next_expiry_s(self) -> float | None: ...
 
@@ -73,7 +75,9 @@ class OpenGate:
     def cancel(self, request_id: str, now: float) -> QueueExit | None:
         return None
 
-    def on_finish(self, call: CallContext, now: float, num_tokens: int, success: bool) -> None:
+    def on_finish(
+        self, call: CallContext, now: float, num_tokens: int, success: bool, num_output: int = 0
+    ) -> None:
         return None
 
     def next_expiry_s(self) -> float | None:
@@ -123,8 +127,14 @@ class CoreGate:
     def cancel(self, request_id: str, now: float) -> QueueExit | None:
         return self.admission.cancel(request_id, now)
 
-    def on_finish(self, call: CallContext, now: float, num_tokens: int, success: bool) -> None:
-        self.admission.on_finish(call, now, num_tokens=num_tokens, success=success)
+    def on_finish(
+        self, call: CallContext, now: float, num_tokens: int, success: bool, num_output: int = 0
+    ) -> None:
+        """``num_output``: the call's completion tokens (a success's teach its length)."""
+        self.admission.on_finish(
+            call, now, num_tokens=num_tokens, success=success,
+            num_output_tokens=num_output if success else None,
+        )  # fmt: skip
 
     def next_expiry_s(self) -> float | None:
         return self.admission.next_expiry_s()

@@ -310,8 +310,9 @@ class Simulation(EngineSync, Upkeep, Scaling):
         ok = ev.reason in _SUCCESS
         assert call.ctx is not None
         self.gate.on_finish(
-            call.ctx, ev.time_s, ev.num_prompt_tokens + ev.num_completion_tokens, ok
-        )
+            call.ctx, ev.time_s, ev.num_prompt_tokens + ev.num_completion_tokens, ok,
+            ev.num_completion_tokens,
+        )  # fmt: skip
         self._schedule_poll(ev.time_s)
         if ok:
             self._close(call, ev.time_s, Outcome.SUCCESS, "")

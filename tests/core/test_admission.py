@@ -137,11 +137,13 @@ def test_retry_after_comes_from_drain_time_and_is_at_least_one_second() -> None:
     a = adm(StubPredictor(wait_s=0.2))
     quick = a.admit(call("x", ttft_budget_s=0.01), IDLE, 0.0)
     assert isinstance(quick, Reject) and quick.retry_after_s == 1  # 0.2 s drain, floor 1
-    # Queue critical work: 10 calls x (1000 prompt, 100 out) on 2 x (10k prefill, 100 tok/s).
+    # Queue critical work: 10 calls x (1000 prompt, max 100 out: 83 expected from the 256
+    # prior, core/output_lengths.py) on 2 x (10k prefill, 100 tok/s).
     for i in range(10):
         assert isinstance(a.admit(call(f"q{i}", prio=CRIT), busy(5), 0.0), Enqueue)
     slow = a.admit(call("y", ttft_budget_s=0.5), busy(5), 0.0)
-    drain_s = 0.2 + 10 * 1000 / 20_000 + 10 * 100 / 200
+    assert a.outputs.expected("m", 100) == 83
+    drain_s = 0.2 + 10 * 1000 / 20_000 + 10 * 83 / 200
     assert isinstance(slow, Reject) and slow.retry_after_s == int(drain_s) + 1
     capped = adm(StubPredictor(wait_s=1e6)).admit(call("z", ttft_budget_s=1.0), IDLE, 0.0)
     assert isinstance(capped, Reject) and capped.retry_after_s == 120

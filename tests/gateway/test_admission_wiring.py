@@ -117,3 +117,21 @@ async def test_client_leaving_the_queue_frees_its_place() -> None:
     assert stats["exits"]["standard"].get("cancelled") == 1
     assert stats["queue_depth"]["standard"] == 0
     assert engines[0].completed == 1
+
+
+async def test_finished_calls_teach_admission_their_output_length() -> None:
+    """Each call the gateway relays ends with its completion tokens in admission's output
+    lengths: 5-token answers under a 256-token prior pull the model's estimate down."""
+    async with (
+        fake_engines(1) as engines,
+        running_gateway(fleet_config(engines)) as (gw, url),
+        aiohttp.ClientSession() as s,
+    ):
+        outputs = gw.gate.core.outputs
+        assert outputs.natural_mean("m") == 256
+        for _ in range(8):
+            status, _, _ = await _post(s, url)
+            assert status == 200
+        assert engines[0].completed == 8
+    # 4 pseudo-calls at 256 and 8 calls of 5 tokens (no max_tokens: none cut), decayed
+    assert 80 < outputs.natural_mean("m") < 100
