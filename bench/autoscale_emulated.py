@@ -186,7 +186,7 @@ class Driver:
                     if "error" in chunk:
                         why = f"stream {(chunk['error'] or {}).get('code')}"
                         return CallResult(start - self._start, ttft, None, False, work, why)
-                    if ttft is None and chunk.get("choices"):
+                    if ttft is None and has_content(chunk):
                         ttft = loop.time() - start
                     usage = chunk.get("usage")
                     if usage:
@@ -195,6 +195,15 @@ class Driver:
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             return CallResult(start - self._start, ttft, None, False, work, type(exc).__name__)
         return CallResult(start - self._start, ttft, None, False, work, "stream ended")
+
+
+def has_content(chunk: dict[str, Any]) -> bool:
+    """Whether a stream chunk carries a token: TTFT is the first such chunk, as in the
+    peers' bench (``bench/peerlib``) and vLLM's serving benchmark. The emulated engine
+    opens a chat stream with an empty role delta as soon as a call arrives, queued or not;
+    counting it (as this bench did before 2026-12-06) timed the role chunk, so a call waiting
+    at an engine read as answered in ~10 ms and only the gateway's queue showed in TTFT."""
+    return any((c.get("delta") or {}).get("content") for c in chunk.get("choices") or ())
 
 
 def text(rng: random.Random, words: int) -> str:

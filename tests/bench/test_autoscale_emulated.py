@@ -14,7 +14,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 import autoscale_emulated
-from autoscale_emulated import Driver, client_session, task_arrivals
+from autoscale_emulated import Driver, client_session, has_content, task_arrivals
 from autoscale_emulated_report import CallResult, rate_factor
 
 
@@ -75,3 +75,10 @@ async def test_a_task_succeeds_only_with_every_call_in_slo_and_calls_state_it(
     assert (driver.tasks_ok, driver.tasks_in_slo, driver.tasks_failed) == (3, 2, 0)
     assert all(h["X-TTFT-Budget-Ms"] == "3000" and h["X-Deadline-Ms"] == "30000"
                for h in driver.headers)  # fmt: skip
+
+
+def test_ttft_is_the_first_chunk_with_a_token_not_the_role_chunk() -> None:
+    role = {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
+    token = {"choices": [{"index": 0, "delta": {"content": "Hi"}}]}
+    usage = {"choices": [], "usage": {"prompt_tokens": 3}}
+    assert not has_content(role) and not has_content(usage) and has_content(token)
