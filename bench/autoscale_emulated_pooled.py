@@ -7,7 +7,9 @@ reads the per-arm results of several runs (each a ``--tag`` of the bench, any se
 judges the targets on the runs pooled, so the verdict is not one draw:
 
 * attainment pooled: calls within the SLO over calls sent, all runs together;
-* cost per successful task pooled: all spend over all successful tasks;
+* cost per successful task pooled: all spend over all successful tasks (every call within
+  the SLO; runs from before 2026-12-06, which counted completed tasks, are refused), and
+  per completed task beside it;
 * GPU-hours and spend: the runs' sums (the ratio to the peak fleet's over the same runs is
   the ratio of the means);
 
