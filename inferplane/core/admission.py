@@ -362,7 +362,8 @@ class Admission:
         num_output_tokens: int | None = None,
     ) -> None:
         """An admitted or dispatched call ended: settle quotas, workflow ledger, service;
-        a success with its ``num_output_tokens`` teaches the expected output length."""
+        a success's ``num_output_tokens`` teaches the expected output length (a failure's
+        count says nothing of it and is ignored here, the one place that decides)."""
         if success and num_output_tokens is not None:
             self.outputs.note(call.model, num_output_tokens, call.max_tokens)
         self.quotas.release(call.request_id, now, num_tokens=num_tokens, cost_usd=cost_usd)

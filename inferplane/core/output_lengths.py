@@ -47,7 +47,7 @@ class OutputLengths:
         max_models: int = 1024,
     ) -> None:
         if prior_tokens < 1 or prior_calls <= 0 or not 0 < decay <= 1 or max_models < 1:
-            raise ValueError("prior_tokens >= 1, prior_calls > 0, decay in (0, 1]")
+            raise ValueError("prior_tokens >= 1, prior_calls > 0, decay in (0, 1], max_models >= 1")
         self.prior_tokens = float(prior_tokens)
         self.prior_calls = prior_calls
         self.decay = decay

@@ -308,7 +308,7 @@ class Gateway:
                 num_tokens = done.prompt_tokens + done.completion_tokens
                 self.gate.leave(
                     admitted, num_tokens=num_tokens, cost_usd=cost[0], success=ok,
-                    num_output_tokens=done.completion_tokens if ok else None,
+                    num_output_tokens=done.completion_tokens,
                 )  # fmt: skip
             return cost[0]
 

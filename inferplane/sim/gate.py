@@ -53,7 +53,12 @@ class Gate(Protocol):
     def cancel(self, request_id: str, now: float) -> QueueExit | None: ...
 
     def on_finish(
-        self, call: CallContext, now: float, num_tokens: int, success: bool, num_output: int = 0
+        self,
+        call: CallContext,
+        now: float,
+        num_tokens: int,
+        success: bool,
+        num_output_tokens: int = 0,
     ) -> None: ...
 
     def next_expiry_s(self) -> float | None: ...
@@ -76,7 +81,12 @@ class OpenGate:
         return None
 
     def on_finish(
-        self, call: CallContext, now: float, num_tokens: int, success: bool, num_output: int = 0
+        self,
+        call: CallContext,
+        now: float,
+        num_tokens: int,
+        success: bool,
+        num_output_tokens: int = 0,
     ) -> None:
         return None
 
@@ -128,13 +138,16 @@ class CoreGate:
         return self.admission.cancel(request_id, now)
 
     def on_finish(
-        self, call: CallContext, now: float, num_tokens: int, success: bool, num_output: int = 0
+        self,
+        call: CallContext,
+        now: float,
+        num_tokens: int,
+        success: bool,
+        num_output_tokens: int = 0,
     ) -> None:
-        """``num_output``: the call's completion tokens (a success's teach its length)."""
         self.admission.on_finish(
-            call, now, num_tokens=num_tokens, success=success,
-            num_output_tokens=num_output if success else None,
-        )  # fmt: skip
+            call, now, num_tokens=num_tokens, success=success, num_output_tokens=num_output_tokens
+        )
 
     def next_expiry_s(self) -> float | None:
         return self.admission.next_expiry_s()
