@@ -209,6 +209,11 @@ class AdmissionConfig(_Frozen):
     #: Calls are dispatched to an endpoint while it has a free sequence slot, plus this many
     #: waiting at the engine (the rest wait in the gateway queue, routed at dispatch).
     engine_queue_allowance: int = Field(default=1, ge=0)
+    #: Calls that may wait at an endpoint whose KV use is at ``kv_threshold`` (less the
+    #: class's ``headroom.kv_share``), for a class with no KV kept above it: the engine
+    #: admits them as its blocks free, without the scrape's lag. 0: the gateway holds
+    #: every call while KV reads full (the rule before 2026-12-06).
+    kv_queue_allowance: int = Field(default=8, ge=0)
     #: A class is shed once the pool's saturation reaches this (critical: never).
     shed_saturation: PerClass = PerClass(critical=float("inf"), standard=2.0, sheddable=1.0)
     #: ...but only while the call's predicted TTFT (its best endpoint, plus draining the

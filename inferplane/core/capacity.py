@@ -10,10 +10,14 @@ in-flight counts, which are always current) and the latency predictor:
   and the pool's engine saturation its mean over endpoints that accept work. Calls waiting
   in the gateway queue ahead of a class count as more engine waiting, spread over the
   pool, so shedding follows capacity: twice the endpoints hold twice the queue;
-* an endpoint takes a dispatch while KV is under the threshold and its outstanding calls
-  fit its slots plus ``engine_queue_allowance``; a class below critical sees both limits
-  lowered by its headroom share (``AdmissionConfig.headroom``), so the last slots and KV
-  of every endpoint stay free for critical calls;
+* an endpoint takes a dispatch while its outstanding calls fit its slots plus
+  ``engine_queue_allowance`` and, once its KV use reaches ``kv_threshold``, while fewer
+  than ``kv_queue_allowance`` calls wait at it: a KV-bound engine admits from its own queue
+  the moment blocks free, where the gateway would see it only a scrape later (and then send
+  a pass's worth at once). A class below critical sees both limits lowered by its headroom
+  share (``AdmissionConfig.headroom``) and, while that share of KV is kept (demand above
+  it), no queue at a KV-bound engine: the last slots and KV of every endpoint stay free for
+  critical calls, and its own calls wait in the gateway, where those overtake them;
 * a class below critical is also held back while the predicted wait at the pool's best
   endpoint exceeds its ``headroom.max_wait_s`` (:class:`DispatchBudget` at dispatch);
 * queued work drains at the pool's summed prefill and decode rates;
@@ -46,7 +50,9 @@ __all__ = [
     "AdmissionPredictor",
     "DispatchBudget",
     "PoolCapacity",
+    "endpoint_room",
     "free_slots",
+    "kv_queue",
     "pool_capacity",
     "ready_estimate",
     "scraped_saturation",
@@ -169,7 +175,7 @@ def free_slots(
     cfg: AdmissionConfig,
     priority: PriorityClass | None = None,
 ) -> int:
-    """Dispatches of ``priority`` that ``view`` takes now (0: no work accepted, KV full).
+    """Dispatches of ``priority`` that ``view`` takes now (0: no work accepted, or full).
 
     ``priority`` None (or critical, by default) may use the whole endpoint; lower classes
     stop short of the headroom kept for the classes above them.
@@ -181,11 +187,43 @@ def free_slots(
     if priority is not None:
         slot_share = cfg.headroom.slot_share.of(priority)
         kv_share = cfg.headroom.kv_share.of(priority)
-    if view.load.kv_usage >= cfg.kv_threshold - kv_share:
-        return 0
+    load = view.load
+    return endpoint_room(
+        num_seqs,
+        _outstanding(view),
+        max(load.num_waiting, view.in_flight - load.num_running),
+        load.kv_usage,
+        cfg.engine_queue_allowance,
+        slot_share,
+        cfg.kv_threshold - kv_share,
+        kv_queue(cfg, kv_share),
+    )
+
+
+def kv_queue(cfg: AdmissionConfig, kv_share: float) -> int:
+    """Calls a class may queue at a KV-bound endpoint: none while KV is kept above it."""
+    return 0 if kv_share > 0 else cfg.kv_queue_allowance
+
+
+def endpoint_room(
+    num_seqs: int,
+    outstanding: int,
+    waiting: int,
+    kv_usage: float,
+    allowance: int,
+    slot_share: float,
+    kv_limit: float,
+    kv_queue: int,
+) -> int:
+    """Dispatches an endpoint takes (:func:`free_slots`' arithmetic; the simulator's
+    capacity book runs it too): free slots (``num_seqs`` plus ``allowance`` less the share
+    kept, less the ``outstanding`` calls) and, once its KV use reaches ``kv_limit``, no more
+    than ``kv_queue`` calls ``waiting`` at it."""
     # floor: a share < 1 never takes an endpoint's last slot (a 1-slot engine keeps none)
-    slots = num_seqs + cfg.engine_queue_allowance - math.floor(slot_share * num_seqs)
-    return max(0, slots - _outstanding(view))
+    free = num_seqs + allowance - math.floor(slot_share * num_seqs) - outstanding
+    if kv_usage >= kv_limit:
+        free = min(free, kv_queue - waiting)
+    return free if free > 0 else 0
 
 
 def endpoint_saturation(

@@ -29,14 +29,15 @@ A pool or predictor it does not keep falls through to ``pool_capacity``.
 from __future__ import annotations
 
 import bisect
-import math
 from collections.abc import Sequence
 
 from inferplane.core.admission_config import AdmissionConfig
 from inferplane.core.capacity import (
     AdmissionPredictor,
     PoolCapacity,
+    endpoint_room,
     free_slots,
+    kv_queue,
     pool_capacity,
 )
 from inferplane.core.predictor import LatencyPredictor
@@ -87,7 +88,7 @@ class CapacityBook:
         self._pools: dict[tuple[int, str], _PoolSums] = {}  # by (id of config, model)
         self._configs: dict[int, AdmissionConfig] = {}  # keeps the keyed configs alive
         self._dirty: dict[tuple[int, str], set[int]] = {}
-        self._class_limits: dict[int, list[tuple[int, float, float]]] = {}
+        self._class_limits: dict[int, list[tuple[int, float, float, int]]] = {}
         self._terms = predictor.idle_terms if isinstance(predictor, LatencyPredictor) else None
         book.on_patch.append(self._mark)
         book.on_rebuild.append(self._reset)
@@ -188,28 +189,29 @@ class CapacityBook:
         sums.out[pos] = out
         sums.out_sum += out
         allowance, kv = cfg.engine_queue_allowance, load.kv_usage
+        at_engine = max(load.num_waiting, view.in_flight - load.num_running)
         free_by, free_sum = sums.free, sums.free_sum
-        for c, slot_share, kv_limit in self._limits(cfg):
-            if kv >= kv_limit:
-                free = 0
-            else:
-                slots = num_seqs + allowance - math.floor(slot_share * num_seqs)
-                free = slots - outstanding if slots > outstanding else 0
+        for c, slot_share, kv_limit, queue in self._limits(cfg):
+            free = endpoint_room(
+                num_seqs, outstanding, at_engine, kv, allowance, slot_share, kv_limit, queue
+            )
             free_by[c][pos] = free
             free_sum[c] += free
         sums.rank[pos] = rank
         bisect.insort(sums.order, (rank, pos))
 
-    def _limits(self, cfg: AdmissionConfig) -> list[tuple[int, float, float]]:
-        """Per class (its position, its headroom's slot share, the KV use it stops at), as
-        ``free_slots`` reads them."""
+    def _limits(self, cfg: AdmissionConfig) -> list[tuple[int, float, float, int]]:
+        """Per class (its position, its headroom's slot share, the KV use it queues from,
+        the calls it may queue at an endpoint there), as ``free_slots`` reads them."""
         found = self._class_limits.get(id(cfg))
         if found is None:
-            head = cfg.headroom
-            found = self._class_limits[id(cfg)] = [
-                (i, head.slot_share.of(c), cfg.kv_threshold - head.kv_share.of(c))
-                for i, c in enumerate(_CLASSES)
-            ]
+            head, limits = cfg.headroom, []
+            for i, c in enumerate(_CLASSES):
+                kv_share = head.kv_share.of(c)
+                limits.append(
+                    (i, head.slot_share.of(c), cfg.kv_threshold - kv_share, kv_queue(cfg, kv_share))
+                )
+            found = self._class_limits[id(cfg)] = limits
         return found
 
     def _remove(self, sums: _PoolSums, pos: int) -> None:

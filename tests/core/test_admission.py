@@ -248,11 +248,31 @@ def test_the_ttft_gate_scales_with_workflow_progress() -> None:
     assert isinstance(old, Enqueue)  # 2.2 < 2.4: queued, not killed at step 5
 
 
-def test_kv_pressure_saturates_and_blocks_dispatch() -> None:
-    a = adm()
+def test_kv_pressure_saturates_and_a_kv_bound_engine_keeps_a_short_queue() -> None:
+    a = adm(kv_queue_allowance=2)
     assert isinstance(a.admit(call("s", prio=SHED), busy(in_flight=0, kv=0.8), 0.0), Reject)
-    d = a.admit(call("d", prio=STD), busy(in_flight=0, kv=0.8), 0.0)
-    assert isinstance(d, Enqueue)  # no free slot while KV is over the threshold
+    # KV at the threshold: the call waits at the engine, which admits it as blocks free ...
+    assert isinstance(a.admit(call("d", prio=STD), busy(in_flight=0, kv=0.9), 0.0), Admit)
+    one_waits = [view(n, running=1, in_flight=2, kv=0.9) for n in "ab"]
+    assert isinstance(a.admit(call("d1", prio=STD, tenant="u"), one_waits, 0.0), Admit)
+    # ... until the allowance waits there: scraped, or sent since the scrape (in flight
+    # beyond the calls running)
+    scraped = [view(n, running=1, waiting=2, in_flight=3, kv=0.9) for n in "ab"]
+    assert isinstance(a.admit(call("d2", prio=STD, tenant="v"), scraped, 0.0), Enqueue)
+    sent = [view(n, running=1, in_flight=3, kv=0.9) for n in "ab"]
+    assert isinstance(a.admit(call("d3", prio=STD, tenant="w"), sent, 0.0), Enqueue)
+    # allowance 0: the gateway holds every call while KV reads full (the rule before)
+    b = adm(kv_queue_allowance=0)
+    assert isinstance(b.admit(call("e", prio=STD), busy(in_flight=0, kv=0.8), 0.0), Enqueue)
+
+
+def test_a_kv_bound_engine_queues_only_classes_with_no_kv_kept_above_them() -> None:
+    a = adm(headroom=HEADROOM, kv_queue_allowance=2)
+    a.note_arrival(call("c0", prio=CRIT), 0.0)  # critical demand: standard keeps 0.1 of KV
+    assert isinstance(a.admit(call("s", prio=STD), busy(0, kv=0.72), 0.0), Enqueue)
+    assert isinstance(a.admit(call("c", prio=CRIT), busy(0, kv=0.95), 0.0), Admit)
+    two_wait = [view(n, running=1, in_flight=3, kv=0.95) for n in "ab"]
+    assert isinstance(a.admit(call("c2", prio=CRIT, tenant="u"), two_wait, 0.0), Enqueue)
 
 
 def test_the_gateway_queue_counts_toward_saturation_and_capacity_scales_it() -> None:
