@@ -2,7 +2,8 @@
 
 ``respond`` takes a validated request already submitted to the driver and writes either
 an SSE stream (one prebuilt chunk per token, written together when several arrive in
-one wake-up) or one JSON body. A request that fails inside the engine (a crash) has its
+one wake-up; a chat stream's role delta goes with its first output, as vLLM's and
+SGLang's do) or one JSON body. A request that fails inside the engine (a crash) has its
 connection cut without ``[DONE]``, as a dying server would. Stop strings are matched on
 the decoded text; the request is then aborted in the model so its slot frees at once.
 """
@@ -91,6 +92,9 @@ class Completion:
         self._decoder: StreamDecoder = tokenizer.stream_decoder(gen.prompt_token_ids[-1])
         self._stop = _StopMatcher(gen.stop) if gen.stop else None
         self.stopped = False
+        # vLLM and SGLang open a chat stream with the role delta when the first output
+        # arrives, not on arrival: a call waiting at the engine shows nothing until then
+        self._opening = fmt.role_chunk() if gen.kind is ApiKind.CHAT else b""
 
     def _failed(self) -> bool:
         finished = self._stream.finished
@@ -99,6 +103,13 @@ class Completion:
     def _stop_now(self) -> None:
         self.stopped = True
         self._driver.abort(self._stream.request_id)
+
+    def _opened(self, data: bytes) -> bytes:
+        """``data`` after the stream's opening chunk, the first time (module doc)."""
+        if not self._opening:
+            return data
+        data, self._opening = self._opening + data, b""
+        return data
 
     def _chunks(self, tokens: Sequence[int]) -> bytes:
         fmt, decoder = self._fmt, self._decoder
@@ -132,15 +143,13 @@ class Completion:
         """
 
         def sink(tokens: Sequence[int]) -> None:
-            data = self._chunks(tokens)
+            data = self._opened(self._chunks(tokens))
             if data and not transport.is_closing():
                 transport.write(b"%x\r\n%b\r\n" % (len(data), data))
 
         return sink
 
     async def _pump(self, request: web.Request, resp: web.StreamResponse) -> None:
-        if self._gen.kind is ApiKind.CHAT:
-            await resp.write(self._fmt.role_chunk())
         stream = self._stream
         transport = request.transport
         if self._stop is None and transport is not None:
@@ -149,13 +158,13 @@ class Completion:
             tokens = await stream.next_tokens()
             if not tokens:
                 break
-            data = self._chunks(tokens)
+            data = self._opened(self._chunks(tokens))
             if data:
                 await resp.write(data)
         if self._failed():
             _cut(request)
             return
-        tail = self._fmt.finish_chunk(_finish_reason(stream, self.stopped))
+        tail = self._opened(self._fmt.finish_chunk(_finish_reason(stream, self.stopped)))
         if self._gen.include_usage:
             tail += self._fmt.usage_chunk(_usage_of(self._gen, stream))
         await resp.write(tail + DONE)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from typing import Any
 
@@ -241,3 +242,34 @@ async def test_health_is_503_while_loading_then_ready() -> None:
             assert await wait_for(lambda: server.model.state is EngineState.READY, 10.0)
             async with session.get(url + "/health") as resp:
                 assert resp.status == 200
+
+
+async def test_a_chat_stream_opens_with_its_first_output_not_on_arrival() -> None:
+    """As vLLM's and SGLang's: a call waiting for a batch slot shows nothing, not even the
+    role delta, until it is scheduled. One slot: while A decodes, B has written nothing."""
+    spec = EngineSpec(time_scale=0.2, profile_overrides=(("max_num_seqs", 1),))
+    body = {"model": MODEL, "messages": _user(), "max_tokens": 200, "ignore_eos": True}
+    body["stream"] = True
+    with running_fleet(spec) as one_slot:
+        url = one_slot.engines[0].url + CHAT
+        async with aiohttp.ClientSession() as session, session.post(url, json=body) as first:
+            a_events = await _events(first, 1)  # A holds the slot
+            async with session.post(url, json=body) as second:  # B's headers: it arrived
+                opening = asyncio.ensure_future(second.content.readline())
+                a_events += await _events(first, 20)  # A is 180 steps from its end
+                assert not opening.done()
+                a_payloads, a_done = sse_payloads(b"".join(a_events) + await first.read())
+                b_payloads, b_done = sse_payloads(await opening + await second.read())
+    assert a_done and b_done and len(stream_text(b_payloads)) > 0
+    assert b_payloads[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert len(a_payloads) >= 200
+
+
+async def _events(resp: aiohttp.ClientResponse, count: int) -> list[bytes]:
+    """The next ``count`` SSE events of ``resp``, as lines (blank separators kept)."""
+    lines: list[bytes] = []
+    while sum(line.startswith(b"data: ") for line in lines) < count:
+        line = await resp.content.readline()
+        assert line, "the stream ended early"
+        lines.append(line)
+    return lines
