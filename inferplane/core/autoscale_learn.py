@@ -7,15 +7,21 @@ meets its SLO with fewer replicas than the model says, and the loop pays for the
 The fleet shows what it can serve: :func:`learn_utilisation` adapts the fraction planned for,
 per window, from what the pool served and how well (sense, detect, adapt):
 
-* **up, additively**: a window whose calls met the SLO (attainment at least halfway from
-  ``slo_target`` to 1), with no backlog, while the pool carried at least ``hot_utilisation``
-  of its modelled capacity (evidence at load, not idle windows), raises the fraction by
-  ``utilisation_step``, up to a ceiling (at first ``max_utilisation``);
+* **up, to the evidence**: a window whose calls met the SLO (attainment at least halfway
+  from ``slo_target`` to 1), with no backlog, while the pool carried at least
+  ``hot_utilisation`` of its modelled capacity (evidence at load, not idle windows), raises
+  the fraction by ``utilisation_step``, or to the fraction the pool carried in it where that
+  is more (it was just served within the SLO), up to a ceiling (at first
+  ``max_utilisation``). The ceiling may exceed 1: on agentic work whose prompts are mostly
+  cached, one emulated H100 carried 2.4x its modelled throughput through a 5x burst within
+  the SLO (``bench/autoscale_emulated.py`` seed 2, 2026-12-06), and a loop held under 0.9 of
+  the model bought replicas that engine did not need;
 * **down, at once**: a window under ``slo_target`` returns the fraction to
   ``target_utilisation`` (the configured, safe plan) and lowers the ceiling to one step under
-  the fraction that missed (never under the target), so the loop does not probe the same
-  miss again (a saw-tooth of misses and scale-ups would be flapping); a window with a backlog
-  does not raise it (the loop's backlog term buys its own replicas);
+  the fraction that missed, or under the fraction the pool carried when it missed at load if
+  that is less (never under the target), so the loop does not probe the same miss again (a
+  saw-tooth of misses and scale-ups would be flapping); a window with a backlog does not
+  raise it (the loop's backlog term buys its own replicas);
 * a window without SLO evidence (no calls ended, ``slo_attainment`` None) leaves it as it is.
 
 ``max_utilisation`` None (or at most the target) turns learning off: the loop plans at
@@ -77,9 +83,11 @@ def learn_utilisation(
     ceiling = learned.ceiling if learned.ceiling > 0 else most
     if slo_attainment is None:
         return Learned(now, ceiling)
+    at_load = load_fraction >= hot_fraction
     if slo_attainment < slo_target:
-        return Learned(target, max(target, min(ceiling, now - step)))
+        missed_at = min(now, load_fraction) if at_load else now
+        return Learned(target, max(target, min(ceiling, missed_at - step)))
     good = slo_attainment >= slo_target + (1.0 - slo_target) / 2 and backlog_tokens <= 0
-    if good and load_fraction >= hot_fraction:
-        return Learned(min(ceiling, now + step), ceiling)
+    if good and at_load:
+        return Learned(min(ceiling, max(now + step, load_fraction)), ceiling)
     return Learned(now, ceiling)

@@ -10,7 +10,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["GpuOption", "PoolPolicy"]
+__all__ = ["MAX_UTILISATION", "GpuOption", "PoolPolicy"]
+
+#: The most of a replica's modelled throughput a pool may learn to plan for.
+MAX_UTILISATION = 4.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,9 +39,11 @@ class PoolPolicy:
     min_replicas: int = 1
     max_replicas: int = 8
     target_utilisation: float = 0.7  # plan for this fraction of each replica's throughput
-    # Learned: windows within SLO at load raise the fraction planned for by utilisation_step
-    # up to this (None: no learning), an SLO miss resets it (core/autoscale_learn.py).
-    max_utilisation: float | None = 0.9
+    # Learned: windows within SLO at load raise the fraction planned for by utilisation_step,
+    # or to the fraction they carried, up to this (None: no learning; above 1 where the
+    # model underprices the work, as cached prompts), an SLO miss resets it
+    # (core/autoscale_learn.py).
+    max_utilisation: float | None = 2.0
     utilisation_step: float = 0.02
     backlog_drain_s: float = 30.0  # a backlog should drain within this
     slo_target: float = 0.95  # attainment below this while the pool runs hot adds a replica
@@ -90,8 +95,10 @@ class PoolPolicy:
         if not 0 < self.target_utilisation <= 1:
             raise ValueError(f"pool {self.pool!r}: target_utilisation in (0, 1]")
         most = self.max_utilisation
-        if (most is not None and not 0 < most <= 1) or self.utilisation_step <= 0:
-            raise ValueError(f"pool {self.pool!r}: max_utilisation in (0, 1], step > 0")
+        if (most is not None and not 0 < most <= MAX_UTILISATION) or self.utilisation_step <= 0:
+            raise ValueError(
+                f"pool {self.pool!r}: max_utilisation in (0, {MAX_UTILISATION}], step > 0"
+            )
         if any(o.tokens_per_s <= 0 or o.price_per_hour_usd < 0 for o in self.options):
             raise ValueError(f"pool {self.pool!r}: options need tokens_per_s > 0, price >= 0")
         if min(self.surge_z, self.early_surge_z) <= 0 or self.surge_max_factor < 1:

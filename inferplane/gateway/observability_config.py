@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from inferplane.core.autoscale_policy import MAX_UTILISATION
+
 if TYPE_CHECKING:
     from inferplane.core.autoscaler import GpuOption, PoolPolicy
 
@@ -72,7 +74,7 @@ class PoolScaleConfig(_Frozen):
     burst_prior_now: float = Field(default=1.0, ge=1)  # burst over the demand now (1: none)
     # Learned utilisation (core/autoscale_learn.py): the ceiling the planned fraction of
     # modelled capacity may rise to from target_utilisation (None: never rises), and its step.
-    max_utilisation: float | None = Field(default=0.9, gt=0, le=1)
+    max_utilisation: float | None = Field(default=2.0, gt=0, le=MAX_UTILISATION)
     utilisation_step: float = Field(default=0.02, gt=0)
     # Burst episodes (core/autoscale_burst.py): the length a burst is expected to last before
     # one is seen (None: unknown, bought for as usual), and how long a replica bought during

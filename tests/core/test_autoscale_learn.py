@@ -20,9 +20,11 @@ from inferplane.core.autoscaler import (
 H100 = GpuOption("h100", price_per_hour_usd=4.0, tokens_per_s=1000.0, cold_start_s=60.0)
 
 
-def _learn(learned: Learned, slo: float | None, load: float = 0.8, backlog: float = 0.0) -> Learned:
+def _learn(
+    learned: Learned, slo: float | None, load: float = 0.6, backlog: float = 0.0, most: float = 0.9
+) -> Learned:
     return learn_utilisation(
-        learned, target=0.7, most=0.9, step=0.05, slo_target=0.95, slo_attainment=slo,
+        learned, target=0.7, most=most, step=0.05, slo_target=0.95, slo_attainment=slo,
         backlog_tokens=backlog, load_fraction=load, hot_fraction=0.5,
     )  # fmt: skip
 
@@ -37,6 +39,22 @@ def test_good_windows_at_load_raise_it_to_the_ceiling() -> None:
     assert max(seen) == pytest.approx(0.9) and learned.ceiling == 0.9
 
 
+def test_a_good_window_raises_it_to_the_load_it_carried_even_past_the_model() -> None:
+    """The pool served 1.8x its modelled throughput within the SLO: plan for that at once
+    (cached prompts make the model underprice the work), never past the ceiling."""
+    learned = _learn(Learned(), 1.0, load=1.8, most=2.0)
+    assert learned.utilisation == pytest.approx(1.8)
+    assert _learn(learned, 1.0, load=2.6, most=2.0).utilisation == pytest.approx(2.0)
+    assert _learn(learned, 1.0, load=1.2, most=2.0).utilisation == pytest.approx(1.85)
+
+
+def test_a_miss_at_load_lowers_the_ceiling_under_the_load_it_missed_at() -> None:
+    after = _learn(Learned(1.8, 2.0), 0.5, load=1.3, most=2.0)
+    assert after.utilisation == 0.7 and after.ceiling == pytest.approx(1.25)
+    idle_miss = _learn(Learned(1.8, 2.0), 0.5, load=0.2, most=2.0)  # not about load
+    assert idle_miss.ceiling == pytest.approx(1.75)
+
+
 def test_idle_backlogged_or_unmeasured_windows_do_not_raise_it() -> None:
     start = Learned(0.8, 0.9)
     assert _learn(start, 1.0, load=0.2).utilisation == 0.8
@@ -46,7 +64,7 @@ def test_idle_backlogged_or_unmeasured_windows_do_not_raise_it() -> None:
 
 
 def test_a_miss_resets_to_the_target_and_lowers_the_ceiling() -> None:
-    after = _learn(Learned(0.85, 0.9), 0.5)
+    after = _learn(Learned(0.85, 0.9), 0.5, load=0.9)
     assert after.utilisation == 0.7 and after.ceiling == pytest.approx(0.8)
     for _ in range(10):
         after = _learn(after, 1.0)

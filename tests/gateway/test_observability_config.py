@@ -32,7 +32,7 @@ def test_defaults_are_off() -> None:
         {"model": "m", "gpus": ["h100"], "burst_length_s": -1},
         {"model": "m", "gpus": ["h100"], "burst_prior_now": 9, "burst_max_factor": 8},
         {"model": "m", "gpus": ["h100"], "burst_min_serve_s": -1},
-        {"model": "m", "gpus": ["h100"], "max_utilisation": 1.5},
+        {"model": "m", "gpus": ["h100"], "max_utilisation": 4.5},
         {"model": "m", "gpus": ["h100"], "utilisation_step": 0},
         {"model": "m", "gpus": ["h100"], "burst_slo_wait_s": -1},
     ],
@@ -64,9 +64,9 @@ def test_learned_utilisation_knobs_reach_the_core_policy() -> None:
     (policy,) = AutoscaleConfig.model_validate({"enabled": True, "pools": [pool]}).policies()
     assert (policy.max_utilisation, policy.utilisation_step) == (None, 0.05)
     (default,) = AutoscaleConfig.model_validate(
-        {"pools": [{**pool, "max_utilisation": 0.9}]}
+        {"pools": [{**pool, "max_utilisation": 2.5}]}
     ).policies()
-    assert default.max_utilisation == 0.9
+    assert default.max_utilisation == 2.5
 
 
 def test_sampling_ratio_is_bounded() -> None:
