@@ -51,6 +51,7 @@ __all__ = [
     "DispatchBudget",
     "PoolCapacity",
     "endpoint_room",
+    "engine_waiting",
     "free_slots",
     "kv_queue",
     "pool_capacity",
@@ -187,17 +188,23 @@ def free_slots(
     if priority is not None:
         slot_share = cfg.headroom.slot_share.of(priority)
         kv_share = cfg.headroom.kv_share.of(priority)
-    load = view.load
     return endpoint_room(
         num_seqs,
         _outstanding(view),
-        max(load.num_waiting, view.in_flight - load.num_running),
-        load.kv_usage,
+        engine_waiting(view),
+        view.load.kv_usage,
         cfg.engine_queue_allowance,
         slot_share,
         cfg.kv_threshold - kv_share,
         kv_queue(cfg, kv_share),
     )
+
+
+def engine_waiting(view: EndpointView) -> int:
+    """Calls waiting at ``view``'s engine: scraped, or in flight beyond those running (sent
+    since the scrape)."""
+    load = view.load
+    return max(load.num_waiting, view.in_flight - load.num_running)
 
 
 def kv_queue(cfg: AdmissionConfig, kv_share: float) -> int:

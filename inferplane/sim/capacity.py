@@ -36,6 +36,7 @@ from inferplane.core.capacity import (
     AdmissionPredictor,
     PoolCapacity,
     endpoint_room,
+    engine_waiting,
     free_slots,
     kv_queue,
     pool_capacity,
@@ -189,7 +190,7 @@ class CapacityBook:
         sums.out[pos] = out
         sums.out_sum += out
         allowance, kv = cfg.engine_queue_allowance, load.kv_usage
-        at_engine = max(load.num_waiting, view.in_flight - load.num_running)
+        at_engine = engine_waiting(view)
         free_by, free_sum = sums.free, sums.free_sum
         for c, slot_share, kv_limit, queue in self._limits(cfg):
             free = endpoint_room(
