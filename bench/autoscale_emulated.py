@@ -51,6 +51,7 @@ import math
 import os
 import random
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,7 @@ import aiohttp
 import orjson
 
 from inferplane.config import parse_config
+from inferplane.core.autoscale_knowledge import as_json, knowledge
 from inferplane.core.types import EndpointState
 from inferplane.gateway.app import Gateway, start_server
 from inferplane.gateway.autoscale import (
@@ -219,13 +221,13 @@ def client_session(total_s: float) -> aiohttp.ClientSession:
     return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=total_s), connector=connector)
 
 
-def pool_config(args: argparse.Namespace) -> AutoscaleConfig:
+def pool_config(args: argparse.Namespace, state_path: str | None = None) -> AutoscaleConfig:
     pool = PoolScaleConfig(model=POOL, gpus=(GPU,), min_replicas=1,
                            max_replicas=args.max_replicas, target_utilisation=TARGET_UTILISATION,
                            scale_down_window_s=args.down_window_s,
                            scale_down_cooldown_s=args.down_window_s)  # fmt: skip
     return AutoscaleConfig(enabled=True, tick_s=args.tick_s, time_scale=args.time_scale,
-                           pools=(pool,))  # fmt: skip
+                           pools=(pool,), state_path=state_path)  # fmt: skip
 
 
 def slo_wait_s(args: argparse.Namespace) -> float | None:
@@ -235,7 +237,9 @@ def slo_wait_s(args: argparse.Namespace) -> float | None:
     return None if wait_s < 0 else wait_s
 
 
-async def run_arm(arm: str, replicas: int, args: argparse.Namespace) -> dict[str, Any]:
+async def run_arm(
+    arm: str, replicas: int, args: argparse.Namespace, state_path: str | None = None
+) -> dict[str, Any]:
     slots = EmbeddedFleet.plan(POOL, GPU, args.max_replicas, args.time_scale, prefix=arm)
     holder: list[Gateway] = []
     fleet = EmbeddedFleet(
@@ -262,7 +266,7 @@ async def run_arm(arm: str, replicas: int, args: argparse.Namespace) -> dict[str
                      "burst_length_s": args.burst_length_s or None,
                      "burst_min_serve_s": args.burst_min_serve_s,
                      "burst_slo_wait_s": slo_wait_s(args)}  # fmt: skip
-        setup_autoscaling(app, gateway, pool_config(args), fleet, overrides)
+        setup_autoscaling(app, gateway, pool_config(args, state_path), fleet, overrides)
     hpa = QueueHpa(gateway, fleet, pool_config(args).policies()[0], args.tick_s)
     runner, port = await start_server(app, "127.0.0.1", 0)
     url = f"http://127.0.0.1:{port}"
@@ -282,6 +286,7 @@ async def run_arm(arm: str, replicas: int, args: argparse.Namespace) -> dict[str
         decisions = [] if ctl is None else ctl.snapshot()
         decisions = hpa.decisions if arm.startswith("queue-hpa") else decisions
         history = [] if ctl is None else ctl.history
+        learned = {} if ctl is None else as_json(knowledge(ctl.state))
     finally:
         await hpa.stop()
         await runner.cleanup()
@@ -292,6 +297,24 @@ async def run_arm(arm: str, replicas: int, args: argparse.Namespace) -> dict[str
     if arm.startswith("queue-hpa"):
         result["rule_samples"] = hpa.samples
     result["pool_samples"], result["refusals"] = pool_samples, driver.refusals
+    if arm == "inferplane":
+        result["learned_at_end"] = learned
+    return result
+
+
+async def warm_arm(args: argparse.Namespace, stem: str) -> dict[str, Any]:
+    """The inferplane arm with a loop that has run before: a warm-up day on ``--warm-seed``
+    (its own draws of the same day's shape: yesterday), whose learned values the loop keeps
+    in a state file (``autoscale.state_path``), then the measured day on ``--seed``, the loop
+    restarted from that file. The warm-up's result is saved apart (``-warmup.json``), not
+    reported; the measured result carries the learned values it started from."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = str(Path(tmp) / "learned.json")
+        warm_args = argparse.Namespace(**{**vars(args), "seed": args.warm_seed})
+        warmup = await run_arm("inferplane", 1, warm_args, path)
+        (RESULTS / f"{stem}-warmup.json").write_text(json.dumps(warmup, indent=1))
+        result = await run_arm("inferplane", 1, args, path)
+    result["learned_at_start"] = warmup["learned_at_end"]
     return result
 
 
@@ -343,6 +366,8 @@ async def main_async(args: argparse.Namespace) -> None:
             work = (ip or {}).get("peak_work_tokens_per_s", 0.0)
             n = args.peak_replicas or max(1, math.ceil(work / per_replica))
             result = await run_arm("peak", min(n, args.max_replicas), args)
+        elif arm == "inferplane" and args.warm_seed is not None:
+            result = await warm_arm(args, stem)
         else:
             result = await run_arm(arm, 1, args)
         result.update(args=vars(args), load_before=load_before, load_after=os.getloadavg())
@@ -440,6 +465,13 @@ def main() -> None:
         default=None,
         help="queue wait the loop's burst reserve lets a burst build before a replica bought "
         "for it serves (None: --slo-ttft-s; negative: none, the reserve is the whole burst)",
+    )
+    parser.add_argument(
+        "--warm-seed",
+        type=int,
+        default=None,
+        help="the inferplane arm's loop first runs a day on this seed and keeps what it "
+        "learned (autoscale.state_path), as a loop that ran yesterday (None: a new loop)",
     )
     parser.add_argument(
         "--outlier-ejection", action="store_true", help="the breaker on (every arm alike)"

@@ -35,7 +35,9 @@ How the desired size is found:
 * **learned utilisation**: the fraction of each replica's modelled throughput planned for
   starts at ``target_utilisation`` and rises while the SLO holds at load, up to
   ``max_utilisation``; an SLO miss resets it and lowers its ceiling
-  (:mod:`inferplane.core.autoscale_learn`): the model may understate what a workload needs.
+  (:mod:`inferplane.core.autoscale_learn`): the model may misprice a workload. The reserve
+  runs at it too, where it passes ``reserve_utilisation``. What was learned survives a
+  restart of the loop (:mod:`inferplane.core.autoscale_knowledge`).
 * **ahead of need**: a new replica takes its cold-start time before it serves, so capacity is
   sized for the peak forecast over ``[now, now + cold start + tick]``, not for now.
 * **detect**: a backlog adds the replicas that drain it within ``backlog_drain_s``; SLO
@@ -54,7 +56,7 @@ Pure: no clock, no I/O; ``now_s`` comes in the signal and the state is a value p
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from inferplane.core.autoscale_absorb import Carried, slo_reserve
 from inferplane.core.autoscale_burst import BurstEpisode, late_cap, rise_ratio
@@ -64,6 +66,7 @@ from inferplane.core.autoscale_plan import capacity as _capacity
 from inferplane.core.autoscale_plan import cheapest_for as _cheapest_for
 from inferplane.core.autoscale_policy import GpuOption, PoolPolicy
 from inferplane.core.autoscale_reserve import BurstReserve, slow_baseline
+from inferplane.core.autoscale_state import AutoscalerState, PoolMemory, PoolSignal, ScaleDecision
 from inferplane.core.autoscale_surge import surge_rate
 from inferplane.core.forecast import Forecast, HoltForecast, ScheduleForecast
 
@@ -79,73 +82,6 @@ __all__ = [
     "ScaleDecision",
     "ScheduleForecast",
 ]
-
-
-@dataclass(frozen=True, slots=True)
-class PoolSignal:
-    """What a body observed of one pool over the last window ending at ``now_s``."""
-
-    pool: str
-    now_s: float
-    window_s: float
-    tokens: float  # prompt + output tokens of calls that arrived in the window
-    requests: int = 0
-    backlog_tokens: float = 0.0  # tokens queued and not yet started
-    slo_attainment: float | None = None  # fraction of calls in the window within SLO
-    serving: Mapping[str, int] = field(default_factory=dict)  # gpu -> ready replicas
-    starting: Mapping[str, int] = field(default_factory=dict)  # gpu -> cold/warming replicas
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / self.window_s if self.window_s > 0 else 0.0
-
-    def replicas(self) -> dict[str, int]:
-        """Replicas that are or will be serving (draining ones excluded), by GPU type."""
-        out = dict(self.serving)
-        for gpu, n in self.starting.items():
-            out[gpu] = out.get(gpu, 0) + n
-        return {g: n for g, n in out.items() if n > 0}
-
-
-@dataclass(frozen=True, slots=True)
-class _PoolMemory:
-    forecast: HoltForecast = field(default_factory=HoltForecast)
-    needs: tuple[tuple[float, float], ...] = ()  # (at_s, capacity tokens/s) in the window
-    last_up_s: float | None = None
-    rates: tuple[tuple[float, float], ...] = ()  # (at_s, tokens/s) of the last windows
-    reserve: BurstReserve = field(default_factory=BurstReserve)
-    slow: HoltForecast = field(default_factory=HoltForecast)  # the reserve's baseline demand
-    learned: Learned = field(default_factory=Learned)  # utilisation planned for, from the SLO
-    episode: BurstEpisode = field(default_factory=BurstEpisode)  # the burst on now, lengths
-    carried: Carried = field(default_factory=Carried)  # carried within the SLO over the model
-
-
-@dataclass(frozen=True, slots=True)
-class AutoscalerState:
-    """What the loop remembers between ticks, per pool."""
-
-    pools: Mapping[str, _PoolMemory] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class ScaleDecision:
-    """One pool's desired replicas by GPU type, with the numbers behind it."""
-
-    pool: str
-    action: ScaleAction
-    desired: Mapping[str, int]  # gpu -> replicas
-    current: Mapping[str, int]
-    demand_tokens_per_s: float  # the demand sized for (forecast peak over the horizon)
-    need_tokens_per_s: float  # capacity wanted (demand, backlog and SLO, before bounds)
-    reason: str
-
-    @property
-    def desired_total(self) -> int:
-        return sum(self.desired.values())
-
-    @property
-    def current_total(self) -> int:
-        return sum(self.current.values())
 
 
 class Autoscaler:
@@ -166,7 +102,8 @@ class Autoscaler:
             policy = self.policies.get(signal.pool)
             if policy is None:
                 continue
-            memory = pools.get(signal.pool, _PoolMemory())
+            memory = pools.get(signal.pool, PoolMemory())
+            signal = _with_work(signal)
             given = None if forecasts is None else forecasts.get(signal.pool)
             decision, pools[signal.pool] = _decide_pool(policy, signal, memory, given)
             decisions.append(decision)
@@ -180,7 +117,15 @@ class Autoscaler:
         if policy is None or memory is None:
             return False
         z = policy.early_surge_z
-        return _surge_demand(policy, signal, memory, _horizon_s(policy), z) > 0
+        return _surge_demand(policy, _with_work(signal), memory, _horizon_s(policy), z) > 0
+
+
+def _with_work(signal: PoolSignal) -> PoolSignal:
+    """The window as the rate tests read it: calls that carried no tokens (no work to size
+    for) count as no calls, whose tokens per call would be undefined."""
+    if signal.requests > 0 and signal.tokens <= 0:
+        return replace(signal, requests=0)
+    return signal
 
 
 def _horizon_s(policy: PoolPolicy) -> float:
@@ -188,8 +133,8 @@ def _horizon_s(policy: PoolPolicy) -> float:
 
 
 def _decide_pool(
-    policy: PoolPolicy, signal: PoolSignal, memory: _PoolMemory, given: Forecast | None
-) -> tuple[ScaleDecision, _PoolMemory]:
+    policy: PoolPolicy, signal: PoolSignal, memory: PoolMemory, given: Forecast | None
+) -> tuple[ScaleDecision, PoolMemory]:
     now = signal.now_s
     episode = _episode(policy, signal, memory)
     ended = memory.episode.on and not episode.on
@@ -205,11 +150,13 @@ def _decide_pool(
         policy, signal, memory, forecast, (demand, need), bursting=episode.on
     )
     carried = _carried(policy, signal, memory.carried)
+    carried_ratio = carried.ratio_at(now, policy.quiet_s)
+    carry = _reserve_carry(policy, learned.utilisation, carried_ratio)
     kept, bought = (
         slo_reserve(
             policy, part, backlog_tokens=signal.backlog_tokens, burst_length_s=episode.length_s,
-            carried_ratio=carried.ratio_at(now, policy.quiet_s),
-        )
+            carried_ratio=carried_ratio,
+        ) / carry
         for part in (kept, bought)
     )  # fmt: skip
     if bought / policy.reserve_utilisation > need:
@@ -241,16 +188,24 @@ def _decide_pool(
         need_tokens_per_s=need,
         reason="; ".join(reasons),
     )
-    after = _PoolMemory(
-        holt, needs[-256:], last_up, rates, reserve, slow, learned, episode, carried
-    )
+    after = PoolMemory(holt, needs[-256:], last_up, rates, reserve, slow, learned, episode, carried)
     return decision, after
+
+
+def _reserve_carry(policy: PoolPolicy, utilisation: float, carried_ratio: float) -> float:
+    """What the reserve's modelled tokens are further divided by, past what
+    :func:`~inferplane.core.autoscale_absorb.slo_reserve` credits for the load carried in a
+    burst: a replica kept for a burst runs as hot as the learned utilisation shows replicas
+    serve within the SLO, where that is more than ``reserve_utilisation`` (the learned
+    fraction and the carried ratio are the same evidence, so it is credited once)."""
+    credited = max(1.0, carried_ratio) if policy.burst_slo_wait_s is not None else 1.0
+    return max(credited, utilisation / policy.reserve_utilisation) / credited
 
 
 def _demand_need(
     policy: PoolPolicy,
     signal: PoolSignal,
-    memory: _PoolMemory,
+    memory: PoolMemory,
     forecast: Forecast,
     capacity: float,
 ) -> tuple[float, float, Learned, list[str]]:
@@ -276,7 +231,7 @@ def _demand_need(
     return demand, need, learned, reasons
 
 
-def _episode(policy: PoolPolicy, signal: PoolSignal, memory: _PoolMemory) -> BurstEpisode:
+def _episode(policy: PoolPolicy, signal: PoolSignal, memory: PoolMemory) -> BurstEpisode:
     """The burst episode after this window: a surge, or a rise to ``burst_on_ratio`` within a
     cold start, over the settled slow baseline begins one
     (:mod:`inferplane.core.autoscale_burst`)."""
@@ -302,7 +257,7 @@ def _episode(policy: PoolPolicy, signal: PoolSignal, memory: _PoolMemory) -> Bur
 def _reserve(
     policy: PoolPolicy,
     signal: PoolSignal,
-    memory: _PoolMemory,
+    memory: PoolMemory,
     forecast: Forecast,
     demand_need: tuple[float, float],
     *,
@@ -359,7 +314,7 @@ def _carried(policy: PoolPolicy, signal: PoolSignal, carried: Carried) -> Carrie
     )  # fmt: skip
 
 
-def _observe_reserve(policy: PoolPolicy, signal: PoolSignal, memory: _PoolMemory) -> BurstReserve:
+def _observe_reserve(policy: PoolPolicy, signal: PoolSignal, memory: PoolMemory) -> BurstReserve:
     """The burst reserve after this window, against the slow baseline's rate (a burst is
     measured from the demand it rose from; a noisy fast forecast would make noise a burst)."""
     holt = memory.slow if memory.slow.at_s is not None else memory.forecast
@@ -378,7 +333,7 @@ def _observe_reserve(policy: PoolPolicy, signal: PoolSignal, memory: _PoolMemory
 
 
 def _surge_demand(
-    policy: PoolPolicy, signal: PoolSignal, memory: _PoolMemory, horizon_s: float, z: float
+    policy: PoolPolicy, signal: PoolSignal, memory: PoolMemory, horizon_s: float, z: float
 ) -> float:
     """Demand over the horizon when this window is a surge at ``z``, else 0.
 

@@ -17,7 +17,9 @@ core sees a surge in it (:meth:`~inferplane.core.autoscaler.Autoscaler.surging`)
 once and restarts the period from there (once per period), as the simulator does.
 
 Wiring: ``setup_autoscaling(app, gateway, config, fleet=None)`` adds the loop to the app's
-start and cleanup and ``GET /v1/autoscale`` (the last decisions with their reasons).
+start and cleanup and ``GET /v1/autoscale`` (the last decisions with their reasons, and what
+the loop has learned). With ``state_path`` the learned values outlive a restart
+(:mod:`inferplane.gateway.autoscale_store`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import orjson
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Gauge
 
+from inferplane.core.autoscale_knowledge import as_json, knowledge, resume
 from inferplane.core.autoscaler import (
     Autoscaler,
     AutoscalerState,
@@ -47,6 +50,7 @@ from inferplane.gateway.autoscale_demand import (
     pool_views,
     registry_counts,
 )
+from inferplane.gateway.autoscale_store import LearnedStore
 from inferplane.gateway.embedded_fleet import EmbeddedFleet, Slot
 from inferplane.gateway.metric_series import CounterChild, CounterSeries
 from inferplane.gateway.observability_config import AutoscaleConfig, PoolScaleConfig
@@ -118,6 +122,7 @@ class AutoscaleController:
         shared: SharedDemand | None = None,
     ) -> None:
         self.config = config
+        self.store = None if config.state_path is None else LearnedStore(config.state_path)
         self.fleet = fleet
         self.shared = shared  # None: this process's own calls are the demand
         self.tick_errors = 0  # ticks (or watches) that raised, logged by the loop
@@ -126,6 +131,8 @@ class AutoscaleController:
             policies = [replace(p, **policy_overrides) for p in policies]
         self.autoscaler = Autoscaler(policies)
         self.state = AutoscalerState()
+        if self.store is not None:  # what an earlier run of the loop learned
+            self.state = resume(self.state, self.store.load(), self.autoscaler.policies)
         self.decisions: list[ScaleDecision] = []
         self.history: list[dict[str, Any]] = []  # every decision, with its tick's time
         self._registry = registry
@@ -227,6 +234,8 @@ class AutoscaleController:
                 replace(s, starting={**s.starting, **starting.get(s.pool, {})}) for s in signals
             ]
         self.decisions, self.state = self.autoscaler.decide(signals, self.state)
+        if self.store is not None:
+            self.store.save(knowledge(self.state))
         self.history += [{"t": now, **_as_dict(d)} for d in self.decisions]
         del self.history[:-HISTORY_LEN]
         for decision in self.decisions:
@@ -347,6 +356,7 @@ def setup_autoscaling(
                 "decisions": ctl.snapshot(),
                 "demand": ctl.demand_scope,
                 "tick_errors": ctl.tick_errors,
+                "learned": as_json(knowledge(ctl.state)),
             }
         return web.Response(body=orjson.dumps(body), content_type="application/json")
 

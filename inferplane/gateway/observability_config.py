@@ -140,6 +140,9 @@ class AutoscaleConfig(_Frozen):
     tick_s: float = Field(default=15.0, gt=0)
     time_scale: float = Field(default=1.0, gt=0)  # the emulated engines' (sizing): slow-down
     pools: tuple[PoolScaleConfig, ...] = ()
+    # A file the loop keeps what it learned in (learned utilisation, burst length), read at
+    # start and rewritten when it changes, so a restart does not forget (None: memory only).
+    state_path: str | None = Field(default=None, min_length=1)
 
     def policies(self) -> list[PoolPolicy]:
         """The core's pool policies, GPU options from ``replica`` or the engine profiles."""
