@@ -13,6 +13,8 @@ other, same seed:
 * ``inferplane``: ``setup_autoscaling`` with the embedded fleet as actuator, one warm engine
   at start, ``min_replicas`` 1 and ``max_replicas`` ``--max-replicas``; ``--burst-prior``
   and ``--burst-memory-s`` set the loop's burst reserve (:mod:`inferplane.core.autoscale_reserve`);
+  with ``--warm-seed`` the loop has run a day before (on that seed) and starts from what it
+  learned then (``autoscale.state_path``), as a deployed loop restarted by a deploy does;
 * ``peak``: ``--peak-replicas`` warm engines and no loop (0: the loop's sizing rule applied
   to the peak work rate the inferplane arm measured);
 * ``queue-hpa``: production-stack's KEDA rule on waiting calls as an HPA evaluates it
@@ -286,7 +288,7 @@ async def run_arm(
         decisions = [] if ctl is None else ctl.snapshot()
         decisions = hpa.decisions if arm.startswith("queue-hpa") else decisions
         history = [] if ctl is None else ctl.history
-        learned = {} if ctl is None else as_json(knowledge(ctl.state))
+        learned = {} if ctl is None else as_json(knowledge(ctl.state, ctl.autoscaler.policies))
     finally:
         await hpa.stop()
         await runner.cleanup()

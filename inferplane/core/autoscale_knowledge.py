@@ -9,11 +9,15 @@ pool and its workload instead, and take a loaded window (a burst) to learn:
 * the **burst length**: how long the longest burst seen lasted
   (:mod:`inferplane.core.autoscale_burst`).
 
+Only evidence is kept: a fraction at the target, or a ceiling at ``max_utilisation``, is the
+policy's and is not stored, so a policy changed between two runs is obeyed.
+
 A loop that forgot them after every deploy would plan at ``target_utilisation`` and buy for
 every burst as if it had no end until the next burst taught it again. :func:`knowledge` takes
 them out of a state as plain values (a body stores them: a file, Redis) and :func:`resume`
-puts them into a fresh state, clamped to the policy as it is now (an operator who lowered
-``max_utilisation`` since is obeyed). :func:`parse` reads stored values back, refusing what
+puts them into a fresh state within the policy as it is now (an operator who lowered
+``max_utilisation`` since is obeyed; fractions of a modelled throughput that changed since are
+rescaled to the new one). :func:`parse` reads stored values back, refusing what
 is malformed.
 
 Pure: values in, values out.
@@ -35,53 +39,72 @@ __all__ = ["PoolKnowledge", "as_json", "knowledge", "parse", "resume"]
 
 @dataclass(frozen=True, slots=True)
 class PoolKnowledge:
-    """One pool's learned values (0 or None: not learned yet)."""
+    """One pool's learned values: only evidence, never a configured default (0 or None: not
+    learned), with the modelled throughput of one replica they are fractions of."""
 
-    utilisation: float = 0.0
-    ceiling: float = 0.0
-    burst_length_s: float | None = None
+    utilisation: float = 0.0  # learned fraction of modelled throughput (0: the target)
+    ceiling: float = 0.0  # the learned ceiling, under max_utilisation (0: max_utilisation)
+    burst_length_s: float | None = None  # the longest burst seen
+    replica_tokens_per_s: float = 0.0  # the policy's first option's, when learned (0: same)
 
 
-def knowledge(state: AutoscalerState) -> dict[str, PoolKnowledge]:
-    """The learned values of every pool in ``state``."""
-    return {
-        pool: PoolKnowledge(m.learned.utilisation, m.learned.ceiling, m.episode.length_s)
-        for pool, m in state.pools.items()
-    }
+def knowledge(
+    state: AutoscalerState, policies: Mapping[str, PoolPolicy]
+) -> dict[str, PoolKnowledge]:
+    """What the pools of ``state`` that ``policies`` names have learned beyond their policy:
+    a utilisation at or under the target, or a ceiling at ``max_utilisation``, is the policy
+    speaking, not evidence, and is kept as 0 (so a changed policy is obeyed on resume)."""
+    out = {}
+    for pool, memory in state.pools.items():
+        policy = policies.get(pool)
+        if policy is None:
+            continue
+        learned, most = memory.learned, policy.max_utilisation
+        utilisation = learned.utilisation if learned.utilisation > policy.target_utilisation else 0
+        ceiling = learned.ceiling if most is not None and 0 < learned.ceiling < most else 0.0
+        out[pool] = PoolKnowledge(
+            float(utilisation), ceiling, memory.episode.length_s, policy.options[0].tokens_per_s
+        )
+    return out
 
 
 def resume(
     state: AutoscalerState, learned: Mapping[str, PoolKnowledge], policies: Mapping[str, PoolPolicy]
 ) -> AutoscalerState:
-    """``state`` with the learned values of the pools ``policies`` names put back, within the
-    policy's bounds (a pool no policy names is left out)."""
+    """``state`` with the learned values of the pools ``policies`` names put back within the
+    policy as it is now (a pool no policy names is left out). Fractions learned against
+    another modelled throughput are rescaled to this one (what a replica carried, in tokens/s,
+    is the evidence); a burst shorter than a tick cannot have been learned and is dropped."""
     pools = dict(state.pools)
     for pool, k in learned.items():
         policy = policies.get(pool)
         if policy is None:
             continue
         memory = pools.get(pool, PoolMemory())
-        episode = replace(memory.episode, length_s=k.burst_length_s)
+        length = k.burst_length_s
+        length = length if length is not None and length >= policy.tick_s else None
+        episode = replace(memory.episode, length_s=length)
         pools[pool] = replace(memory, learned=_bounded(k, policy), episode=episode)
     return AutoscalerState(pools)
 
 
 def _bounded(k: PoolKnowledge, policy: PoolPolicy) -> Learned:
     most, target = policy.max_utilisation, policy.target_utilisation
-    if most is None or most <= target or k.utilisation <= 0:
+    if most is None or most <= target:
         return Learned()
-    ceiling = min(most, k.ceiling) if k.ceiling > 0 else most
-    ceiling = max(target, ceiling)
-    return Learned(min(ceiling, max(target, k.utilisation)), ceiling)
+    modelled = policy.options[0].tokens_per_s
+    scale = k.replica_tokens_per_s / modelled if k.replica_tokens_per_s > 0 else 1.0
+    ceiling = most if k.ceiling <= 0 else max(target, min(most, k.ceiling * scale))
+    utilisation = 0.0 if k.utilisation <= 0 else max(target, min(ceiling, k.utilisation * scale))
+    return Learned(utilisation, ceiling)
+
+
+_FIELDS = ("utilisation", "ceiling", "burst_length_s", "replica_tokens_per_s")
 
 
 def as_json(learned: Mapping[str, PoolKnowledge]) -> dict[str, dict[str, float | None]]:
     """Plain values to store, per pool."""
-    return {
-        pool: {"utilisation": k.utilisation, "ceiling": k.ceiling,
-               "burst_length_s": k.burst_length_s}
-        for pool, k in learned.items()
-    }  # fmt: skip
+    return {pool: {f: getattr(k, f) for f in _FIELDS} for pool, k in learned.items()}
 
 
 def parse(stored: Any) -> dict[str, PoolKnowledge]:
@@ -91,19 +114,24 @@ def parse(stored: Any) -> dict[str, PoolKnowledge]:
         raise ValueError("learned autoscaler values: expected an object of pools")
     out = {}
     for pool, row in stored.items():
-        if not isinstance(row, dict) or set(row) - {"utilisation", "ceiling", "burst_length_s"}:
+        if not isinstance(row, dict) or set(row) - set(_FIELDS):
             raise ValueError(f"learned autoscaler values: pool {pool!r}: unexpected fields")
+        for name in _FIELDS:
+            value = row.get(name, 0.0)
+            if not (value is None and name == "burst_length_s") and not _non_negative(value):
+                raise ValueError(
+                    f"learned autoscaler values: pool {pool!r}: {name} must be a number >= 0"
+                )
         length = row.get("burst_length_s")
-        values = (row.get("utilisation", 0.0), row.get("ceiling", 0.0), length or 0.0)
-        if not all(_finite(v) for v in values):
-            raise ValueError(f"learned autoscaler values: pool {pool!r}: non-negative numbers")
         out[str(pool)] = PoolKnowledge(
-            float(values[0]), float(values[1]), None if length is None else float(length)
-        )
+            float(row.get("utilisation", 0.0)), float(row.get("ceiling", 0.0)),
+            None if length is None or length <= 0 else float(length),
+            float(row.get("replica_tokens_per_s", 0.0)),
+        )  # fmt: skip
     return out
 
 
-def _finite(value: Any) -> bool:
+def _non_negative(value: Any) -> bool:
     return (
         isinstance(value, (int, float))
         and not isinstance(value, bool)

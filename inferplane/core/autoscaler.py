@@ -21,7 +21,8 @@ How the desired size is found:
   ``burst_min_serve_s`` of it (its expected length: the longest seen, or ``burst_length_s``)
   buys nothing more; when it ends, its needs leave the scale-down window, so the replicas it
   brought drain at once (:mod:`inferplane.core.autoscale_burst`).
-* **burst reserve**: spare warm capacity at ``reserve_utilisation`` for the larger of
+* **burst reserve**: spare warm capacity at ``reserve_utilisation`` (or the learned
+  utilisation, once learned and higher) for the larger of
   ``burst_prior x quiet demand`` (the day's trough: a fixed amount), ``burst_prior_now x
   the demand now`` (its forecast; the slow baseline during a burst episode), both at most
   ``reserve_max_replicas`` over need, and ``demand x learned burst factor`` (held, decaying
@@ -36,8 +37,8 @@ How the desired size is found:
   starts at ``target_utilisation`` and rises while the SLO holds at load, up to
   ``max_utilisation``; an SLO miss resets it and lowers its ceiling
   (:mod:`inferplane.core.autoscale_learn`): the model may misprice a workload. The reserve
-  runs at it too, where it passes ``reserve_utilisation``. What was learned survives a
-  restart of the loop (:mod:`inferplane.core.autoscale_knowledge`).
+  runs at it too, once learned, where it passes ``reserve_utilisation``. What was learned
+  survives a restart of the loop (:mod:`inferplane.core.autoscale_knowledge`).
 * **ahead of need**: a new replica takes its cold-start time before it serves, so capacity is
   sized for the peak forecast over ``[now, now + cold start + tick]``, not for now.
 * **detect**: a backlog adds the replicas that drain it within ``backlog_drain_s``; SLO
@@ -196,10 +197,13 @@ def _reserve_carry(policy: PoolPolicy, utilisation: float, carried_ratio: float)
     """What the reserve's modelled tokens are further divided by, past what
     :func:`~inferplane.core.autoscale_absorb.slo_reserve` credits for the load carried in a
     burst: a replica kept for a burst runs as hot as the learned utilisation shows replicas
-    serve within the SLO, where that is more than ``reserve_utilisation`` (the learned
-    fraction and the carried ratio are the same evidence, so it is credited once)."""
+    serve within the SLO, where that was learned (over the target) and passes
+    ``reserve_utilisation``. Both measure what replicas carried within the SLO over their
+    modelled throughput (the learned fraction from windows at load, the carried ratio over a
+    span read at its Poisson lower bound), so the larger is credited, once."""
     credited = max(1.0, carried_ratio) if policy.burst_slo_wait_s is not None else 1.0
-    return max(credited, utilisation / policy.reserve_utilisation) / credited
+    learned = utilisation > policy.target_utilisation
+    return max(credited, utilisation / policy.reserve_utilisation if learned else 0.0) / credited
 
 
 def _demand_need(

@@ -234,8 +234,9 @@ class AutoscaleController:
                 replace(s, starting={**s.starting, **starting.get(s.pool, {})}) for s in signals
             ]
         self.decisions, self.state = self.autoscaler.decide(signals, self.state)
-        if self.store is not None:
-            self.store.save(knowledge(self.state))
+        learned = knowledge(self.state, self.autoscaler.policies)
+        if self.store is not None and self.store.changed(learned):
+            await asyncio.to_thread(self.store.save, learned)
         self.history += [{"t": now, **_as_dict(d)} for d in self.decisions]
         del self.history[:-HISTORY_LEN]
         for decision in self.decisions:
@@ -356,7 +357,7 @@ def setup_autoscaling(
                 "decisions": ctl.snapshot(),
                 "demand": ctl.demand_scope,
                 "tick_errors": ctl.tick_errors,
-                "learned": as_json(knowledge(ctl.state)),
+                "learned": as_json(knowledge(ctl.state, ctl.autoscaler.policies)),
             }
         return web.Response(body=orjson.dumps(body), content_type="application/json")
 

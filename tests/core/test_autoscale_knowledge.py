@@ -1,8 +1,10 @@
-"""What the loop learned outlives a restart: it comes out of a state as plain values, goes
-back into a fresh one within the policy as it is now, and a resumed loop plans (reserve
-included) at what was learned instead of starting over at the target."""
+"""What the loop learned outlives a restart: it comes out of a state as plain values (evidence
+only, never a configured default), goes back into a fresh one within the policy as it is now,
+and a resumed loop plans (reserve included) at what was learned instead of starting over."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 
@@ -14,56 +16,77 @@ from inferplane.core.autoscaler import (
     GpuOption,
     PoolPolicy,
     PoolSignal,
+    _reserve_carry,
 )
 
 H100 = GpuOption("h100", price_per_hour_usd=4.0, tokens_per_s=1000.0, cold_start_s=60.0)
 POLICY = PoolPolicy(pool="m", options=(H100,), max_replicas=4, tick_s=15.0, burst_prior=8.0)
+POLICIES = {"m": POLICY}
 
 
-def _window(now_s: float, tokens_per_s: float, replicas: int = 1) -> PoolSignal:
+def _window(
+    now_s: float, tokens_per_s: float, replicas: int = 1, slo: float | None = 1.0
+) -> PoolSignal:
     return PoolSignal(
         pool="m", now_s=now_s, window_s=15.0, tokens=15.0 * tokens_per_s,
-        requests=max(1, round(15.0 * tokens_per_s / 1000)), slo_attainment=1.0,
+        requests=max(1, round(15.0 * tokens_per_s / 1000)), slo_attainment=slo,
         serving={"h100": replicas},
     )  # fmt: skip
 
 
 def test_learned_values_round_trip_through_plain_json() -> None:
-    learned = {"m": PoolKnowledge(1.6, 1.9, 75.0), "n": PoolKnowledge(0.7, 2.0, None)}
+    learned = {"m": PoolKnowledge(1.6, 1.9, 75.0, 1000.0), "n": PoolKnowledge(0.0, 0.0, None)}
     assert parse(as_json(learned)) == learned
 
 
 @pytest.mark.parametrize(
-    "stored",
-    [[], {"m": 3}, {"m": {"utilisation": "hot"}}, {"m": {"utilisation": -1.0}},
-     {"m": {"utilisation": float("nan")}}, {"m": {"utilisation": True}}, {"m": {"speed": 1.0}}],
+    "row",
+    [3, {"utilisation": "hot"}, {"utilisation": -1.0}, {"ceiling": float("nan")},
+     {"utilisation": True}, {"burst_length_s": False}, {"speed": 1.0}],
 )  # fmt: skip
-def test_malformed_stored_values_are_refused_with_the_pool_named(stored: object) -> None:
-    with pytest.raises(ValueError, match="learned autoscaler values"):
-        parse(stored)
+def test_malformed_stored_values_are_refused_with_the_pool_named(row: object) -> None:
+    with pytest.raises(ValueError, match="pool 'm'"):
+        parse({"m": row})
+    with pytest.raises(ValueError, match="object of pools"):
+        parse([row])
 
 
-def test_a_loaded_window_is_learned_and_comes_out_of_the_state() -> None:
+def test_a_loaded_window_is_learned_and_only_evidence_comes_out() -> None:
     scaler = Autoscaler([POLICY])
-    state = AutoscalerState()
-    # 1.5x the model carried within the SLO on 2 replicas
-    _, state = scaler.decide([_window(15.0, 3000.0, replicas=2)], state)
-    learned = knowledge(state)["m"]
-    assert learned.utilisation == pytest.approx(1.5) and learned.ceiling == 2.0
+    _, idle = scaler.decide([_window(15.0, 100.0)], AutoscalerState())
+    assert knowledge(idle, POLICIES)["m"] == PoolKnowledge(0.0, 0.0, None, 1000.0)
+    # 1.5x the model carried within the SLO on 2 replicas; the ceiling is still the policy's
+    _, state = scaler.decide([_window(15.0, 3000.0, replicas=2)], AutoscalerState())
+    assert state.pools["m"].learned == Learned(1.5, 2.0)
+    assert knowledge(state, POLICIES)["m"] == PoolKnowledge(1.5, 0.0, None, 1000.0)
+    assert knowledge(state, {}) == {}  # a pool no policy names is not kept
 
 
-def test_resume_clamps_to_the_policy_as_it_is_now() -> None:
-    stored = {"m": PoolKnowledge(1.8, 2.0, 90.0), "gone": PoolKnowledge(1.5, 2.0, None)}
-    lowered = PoolPolicy(pool="m", options=(H100,), max_utilisation=1.2)
+def test_a_changed_policy_is_obeyed_on_resume() -> None:
+    stored = {"m": PoolKnowledge(1.8, 0.0, 90.0, 1000.0), "gone": PoolKnowledge(1.5)}
+    lowered = replace(POLICY, max_utilisation=1.2)
     state = resume(AutoscalerState(), stored, {"m": lowered})
-    assert set(state.pools) == {"m"}
-    assert knowledge(state)["m"] == PoolKnowledge(1.2, 1.2, 90.0)
-    off = PoolPolicy(pool="m", options=(H100,), max_utilisation=None)
-    assert knowledge(resume(AutoscalerState(), stored, {"m": off}))["m"].utilisation == 0.0
-    under = {"m": PoolKnowledge(0.1, 0.2, None)}  # never under the target
-    assert knowledge(resume(AutoscalerState(), under, {"m": POLICY}))["m"] == PoolKnowledge(
-        0.7, 0.7, None
-    )
+    assert set(state.pools) == {"m"} and state.pools["m"].learned == Learned(1.2, 1.2)
+    assert state.pools["m"].episode.length_s == 90.0
+    off = replace(POLICY, max_utilisation=None)
+    assert resume(AutoscalerState(), stored, {"m": off}).pools["m"].learned == Learned()
+    # A run that learned nothing (or with learning off) stores nothing that holds it back:
+    # a lowered target and a raised ceiling both apply.
+    nothing = {"m": PoolKnowledge(0.0, 0.0, None, 1000.0)}
+    raised = replace(POLICY, target_utilisation=0.5, max_utilisation=3.0)
+    assert resume(AutoscalerState(), nothing, {"m": raised}).pools["m"].learned == Learned(0, 3)
+    # A ceiling lowered by a miss is evidence, and stays (over the target).
+    missed = {"m": PoolKnowledge(0.0, 1.1, None, 1000.0)}
+    assert resume(AutoscalerState(), missed, POLICIES).pools["m"].learned == Learned(0, 1.1)
+
+
+def test_fractions_of_another_model_are_rescaled_and_short_bursts_dropped() -> None:
+    """Learned against 800 tok/s per replica, 1.5 of it is 1.2 of a model now at 1000 tok/s:
+    what a replica carried is the evidence. A burst shorter than a tick was not learned."""
+    stored = {"m": PoolKnowledge(1.5, 1.875, 5.0, 800.0)}
+    state = resume(AutoscalerState(), stored, POLICIES)
+    assert state.pools["m"].learned == Learned(pytest.approx(1.2), pytest.approx(1.5))
+    assert state.pools["m"].episode.length_s is None
 
 
 def test_a_resumed_loop_plans_and_reserves_at_what_it_learned() -> None:
@@ -71,7 +94,7 @@ def test_a_resumed_loop_plans_and_reserves_at_what_it_learned() -> None:
     (the reserve priced at one replica's modelled throughput); a loop that learned its
     replicas carry 2x the model within the SLO knows one replica holds that reserve."""
     scaler = Autoscaler([POLICY])
-    resumed = resume(AutoscalerState(), {"m": PoolKnowledge(2.0, 2.0, None)}, scaler.policies)
+    resumed = resume(AutoscalerState(), {"m": PoolKnowledge(2.0)}, scaler.policies)
     fresh = AutoscalerState()
     for i in range(6):
         window = [_window(15.0 * (i + 1), 150.0)]
@@ -80,16 +103,29 @@ def test_a_resumed_loop_plans_and_reserves_at_what_it_learned() -> None:
     assert new.desired_total == 2 and "burst reserve" in new.reason
     assert old.desired_total == 1
     assert old.need_tokens_per_s < new.need_tokens_per_s
-    assert knowledge(resumed)["m"].utilisation == pytest.approx(2.0)  # idle windows keep it
+    assert knowledge(resumed, POLICIES)["m"].utilisation == pytest.approx(2.0)
 
 
-def test_learned_is_not_lost_by_windows_without_evidence() -> None:
-    """An idle window (here one whose single call carried no tokens: no tokens per call, as
-    a max_tokens 0 call served from cache; it used to divide by zero) keeps what was learned."""
-    state = resume(AutoscalerState(), {"m": PoolKnowledge(1.4, 1.9, 60.0)}, {"m": POLICY})
+def test_the_reserve_credits_learned_and_carried_evidence_once() -> None:
+    waits = replace(POLICY, burst_slo_wait_s=3.0)
+    assert _reserve_carry(POLICY, 2.0, 0.0) == pytest.approx(2.0)
+    assert _reserve_carry(POLICY, 2.0, 3.0) == pytest.approx(2.0)  # no wait: nothing credited
+    assert _reserve_carry(waits, 2.0, 3.0) == pytest.approx(1.0)  # carried 3x already credited
+    assert _reserve_carry(waits, 2.0, 1.5) == pytest.approx(2.0 / 1.5)  # the rest of 2x
+    assert _reserve_carry(waits, 2.0, 0.5) == pytest.approx(2.0)
+    # Not learned (at the target): no credit, even where reserve_utilisation is lower.
+    cautious = replace(POLICY, reserve_utilisation=0.5)
+    assert _reserve_carry(cautious, POLICY.target_utilisation, 0.0) == 1.0
+    assert _reserve_carry(cautious, 1.5, 0.0) == pytest.approx(3.0)
+
+
+def test_windows_without_evidence_keep_what_was_learned() -> None:
+    """A window with no SLO evidence, and one whose single call carried no tokens (no tokens
+    per call, as a max_tokens 0 call served from cache; it used to divide by zero)."""
+    state = resume(AutoscalerState(), {"m": PoolKnowledge(1.4, 1.9, 60.0)}, POLICIES)
     scaler = Autoscaler([POLICY])
     assert _window(15.0, 0.0).requests == 1
-    assert not scaler.surging(_window(15.0, 0.0), state)
     _, state = scaler.decide([_window(15.0, 0.0)], state)
+    _, state = scaler.decide([_window(30.0, 3000.0, slo=None)], state)
     assert state.pools["m"].learned == Learned(1.4, 1.9)
     assert state.pools["m"].episode.length_s == 60.0

@@ -109,6 +109,8 @@ async def test_embedded_fleet_scales_up_cold_and_drains_down() -> None:
         assert gateway.tracker.state(stopped) is EndpointState.COLD
         status, body = await _get(url + "/v1/autoscale")
         assert status == 200 and orjson.loads(body)["decisions"][0]["action"] == "down"
+        learned = orjson.loads(body)["learned"][MODEL]  # nothing learned beyond the policy
+        assert learned["utilisation"] == 0 and learned["replica_tokens_per_s"] > 0
     finally:
         await runner.cleanup()
     assert not fleet.servers  # cleanup stopped the engines it ran
