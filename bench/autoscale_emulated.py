@@ -14,7 +14,7 @@ other, same seed:
   at start, ``min_replicas`` 1 and ``max_replicas`` ``--max-replicas``; ``--burst-prior``
   and ``--burst-memory-s`` set the loop's burst reserve (:mod:`inferplane.core.autoscale_reserve`);
   with ``--warm-seed`` the loop has run a day before (on that seed) and starts from what it
-  learned then (``autoscale.state_path``), as a deployed loop restarted by a deploy does;
+  learned then (``autoscale.learned_store``), as a deployed loop restarted by a deploy does;
 * ``peak``: ``--peak-replicas`` warm engines and no loop (0: the loop's sizing rule applied
   to the peak work rate the inferplane arm measured);
 * ``queue-hpa``: production-stack's KEDA rule on waiting calls as an HPA evaluates it
@@ -69,6 +69,7 @@ from inferplane.gateway.autoscale import (
     CONTROLLER_KEY,
     AutoscaleConfig,
     EmbeddedFleet,
+    LearnedStoreKind,
     PoolScaleConfig,
     setup_autoscaling,
 )
@@ -229,7 +230,9 @@ def pool_config(args: argparse.Namespace, state_path: str | None = None) -> Auto
                            scale_down_window_s=args.down_window_s,
                            scale_down_cooldown_s=args.down_window_s)  # fmt: skip
     return AutoscaleConfig(enabled=True, tick_s=args.tick_s, time_scale=args.time_scale,
-                           pools=(pool,), state_path=state_path)  # fmt: skip
+                           pools=(pool,), state_path=state_path,
+                           learned_store=LearnedStoreKind.MEMORY if state_path is None
+                           else LearnedStoreKind.FILE)  # fmt: skip
 
 
 def slo_wait_s(args: argparse.Namespace) -> float | None:
@@ -307,8 +310,8 @@ async def run_arm(
 async def warm_arm(args: argparse.Namespace, stem: str) -> dict[str, Any]:
     """The inferplane arm with a loop that has run before: a warm-up day on ``--warm-seed``
     (its own draws of the same day's shape: yesterday), whose learned values the loop keeps
-    in a state file (``autoscale.state_path``), then the measured day on ``--seed``, the loop
-    restarted from that file. The warm-up's result is saved apart (``-warmup.json``), not
+    in a file (``autoscale.learned_store: file``), then the measured day on ``--seed``, the
+    loop restarted from that file. The warm-up's result is saved apart (``-warmup.json``), not
     reported; the measured result carries the learned values it started from."""
     with tempfile.TemporaryDirectory() as tmp:
         path = str(Path(tmp) / "learned.json")
@@ -473,7 +476,7 @@ def main() -> None:
         type=int,
         default=None,
         help="the inferplane arm's loop first runs a day on this seed and keeps what it "
-        "learned (autoscale.state_path), as a loop that ran yesterday (None: a new loop)",
+        "learned (autoscale.learned_store: file), as a loop that ran yesterday (None: a new loop)",
     )
     parser.add_argument(
         "--outlier-ejection", action="store_true", help="the breaker on (every arm alike)"

@@ -22,9 +22,13 @@ from inferplane.core.cache_config import CacheConfig
 from inferplane.core.routing_config import RoutingConfig
 from inferplane.core.types import EndpointInfo, EngineKind, PriorityClass
 from inferplane.engine.profiles import KNOB_NAMES
-from inferplane.gateway.observability_config import AutoscaleConfig, TracingConfig
+from inferplane.gateway.observability_config import (
+    AutoscaleConfig,
+    LearnedStoreKind,
+    TracingConfig,
+)
 from inferplane.gateway.reliability_config import ReliabilityConfig
-from inferplane.state.config import StateConfig
+from inferplane.state.config import StateBackend, StateConfig
 
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 _M = TypeVar("_M", bound=BaseModel)
@@ -227,6 +231,9 @@ class FleetConfig(_Frozen):
         unserved = [p.model for p in self.autoscale.pools if p.model not in served]
         if unserved:  # a pool is sized on the calls for its model: none would come
             raise ValueError(f"autoscale pools name models no endpoint serves: {unserved}")
+        redis = self.state.backend is StateBackend.REDIS
+        if self.autoscale.learned_store is LearnedStoreKind.REDIS and not redis:
+            raise ValueError("autoscale.learned_store: redis needs state.backend: redis")
         return self
 
     def served_models(self) -> tuple[str, ...]:

@@ -18,8 +18,8 @@ once and restarts the period from there (once per period), as the simulator does
 
 Wiring: ``setup_autoscaling(app, gateway, config, fleet=None)`` adds the loop to the app's
 start and cleanup and ``GET /v1/autoscale`` (the last decisions with their reasons, and what
-the loop has learned). With ``state_path`` the learned values outlive a restart
-(:mod:`inferplane.gateway.autoscale_store`).
+the loop has learned). With ``learned_store`` (a file or Redis) the learned values outlive a
+restart (:mod:`inferplane.gateway.autoscale_store`).
 """
 
 from __future__ import annotations
@@ -50,10 +50,14 @@ from inferplane.gateway.autoscale_demand import (
     pool_views,
     registry_counts,
 )
-from inferplane.gateway.autoscale_store import LearnedStore
+from inferplane.gateway.autoscale_store import FileLearnedStore, LearnedStore, RedisLearnedStore
 from inferplane.gateway.embedded_fleet import EmbeddedFleet, Slot
 from inferplane.gateway.metric_series import CounterChild, CounterSeries
-from inferplane.gateway.observability_config import AutoscaleConfig, PoolScaleConfig
+from inferplane.gateway.observability_config import (
+    AutoscaleConfig,
+    LearnedStoreKind,
+    PoolScaleConfig,
+)
 from inferplane.state.config import StateBackend
 
 if TYPE_CHECKING:
@@ -83,8 +87,10 @@ __all__ = [
     "AutoscaleController",
     "DesiredReplicasGauge",
     "EmbeddedFleet",
+    "LearnedStoreKind",
     "PoolScaleConfig",
     "Slot",
+    "learned_store",
     "setup_autoscaling",
 ]
 
@@ -120,9 +126,10 @@ class AutoscaleController:
         fleet: EmbeddedFleet | None = None,
         policy_overrides: Mapping[str, Any] | None = None,
         shared: SharedDemand | None = None,
+        store: LearnedStore | None = None,
     ) -> None:
         self.config = config
-        self.store = None if config.state_path is None else LearnedStore(config.state_path)
+        self.store = store  # where what was learned outlives a restart (None: nowhere)
         self.fleet = fleet
         self.shared = shared  # None: this process's own calls are the demand
         self.tick_errors = 0  # ticks (or watches) that raised, logged by the loop
@@ -131,8 +138,6 @@ class AutoscaleController:
             policies = [replace(p, **policy_overrides) for p in policies]
         self.autoscaler = Autoscaler(policies)
         self.state = AutoscalerState()
-        if self.store is not None:  # what an earlier run of the loop learned
-            self.state = resume(self.state, self.store.load(), self.autoscaler.policies)
         self.decisions: list[ScaleDecision] = []
         self.history: list[dict[str, Any]] = []  # every decision, with its tick's time
         self._registry = registry
@@ -142,6 +147,12 @@ class AutoscaleController:
         self._last: dict[str, PoolCounts] = {}
         self._last_s: float | None = None
         self._fleet_counts: dict[str, PoolCounts] | None = None  # the last shared sums
+
+    async def restore(self) -> None:
+        """Start from what an earlier run of the loop learned (kept in the store)."""
+        if self.store is not None:
+            learned = await self.store.load()
+            self.state = resume(self.state, learned, self.autoscaler.policies)
 
     @property
     def demand_scope(self) -> str:
@@ -236,7 +247,7 @@ class AutoscaleController:
         self.decisions, self.state = self.autoscaler.decide(signals, self.state)
         learned = knowledge(self.state, self.autoscaler.policies)
         if self.store is not None and self.store.changed(learned):
-            await asyncio.to_thread(self.store.save, learned)
+            await self.store.save(learned)
         self.history += [{"t": now, **_as_dict(d)} for d in self.decisions]
         del self.history[:-HISTORY_LEN]
         for decision in self.decisions:
@@ -284,6 +295,17 @@ def _shared_demand(gateway: Gateway) -> SharedDemand | None:
         ttl_s=SHARED_TTL_S,
         op_timeout_s=max(0.25, state.op_timeout_s),  # off the request path: be patient
     )
+
+
+def learned_store(gateway: Gateway, config: AutoscaleConfig) -> LearnedStore | None:
+    """The store ``autoscale.learned_store`` names (None: memory only)."""
+    if config.learned_store is LearnedStoreKind.FILE and config.state_path is not None:
+        return FileLearnedStore(config.state_path)
+    if config.learned_store is LearnedStoreKind.REDIS:
+        state = gateway.config.state
+        return RedisLearnedStore(state.redis_url, prefix=state.key_prefix,
+                                 op_timeout_s=max(0.25, state.op_timeout_s))  # fmt: skip
+    return None
 
 
 def setup_autoscaling(
@@ -334,8 +356,9 @@ def setup_autoscaling(
         error_count[:] = [CounterSeries("inferplane_autoscale_errors", doc, (), registry).labels()]
         holder["ctl"] = AutoscaleController(
             config, registry, lambda now: gateway.tracker.views(now), actuators, fleet,
-            policy_overrides, _shared_demand(gateway),
+            policy_overrides, _shared_demand(gateway), learned_store(gateway, config),
         )  # fmt: skip
+        await holder["ctl"].restore()
         tasks.append(asyncio.create_task(loop()))
 
     async def on_cleanup(app: web.Application) -> None:
@@ -346,6 +369,8 @@ def setup_autoscaling(
         ctl = holder.get("ctl")
         if ctl is not None and ctl.shared is not None:
             await ctl.shared.close()
+        if ctl is not None and ctl.store is not None:
+            await ctl.store.close()
         if fleet is not None:
             await fleet.stop()
 

@@ -1,102 +1,180 @@
-"""A file that keeps what the autoscaler learned across restarts of the gateway.
+"""Where the autoscaler keeps what it learned across restarts of the gateway: a file or Redis.
 
 The loop learns, from loaded windows, how hot a pool's replicas may run within the SLO and how
 long its bursts last (:mod:`inferplane.core.autoscale_knowledge`). A deploy restarts the
 gateway; without a store the loop starts over at ``target_utilisation`` and pays again for
-what it knew. With ``autoscale.state_path`` set, the controller reads the file at start and
-rewrites it after a tick that changed what was learned:
+what it knew. ``autoscale.learned_store`` picks the store; the controller loads it at start
+(:meth:`~inferplane.gateway.autoscale.AutoscaleController.restore`) and saves after a tick
+that changed what was learned:
 
-* durably: a temporary file, flushed to disk, renamed over the old one, and the directory
-  flushed, so a crash leaves the old file or the new one, never a torn one;
-* merged: rows of pools this run does not size (yet) are kept as they were;
-* bounded in age: values saved more than ``MAX_AGE_S`` ago (by the wall clock) describe a
-  fleet and a workload that may be gone, and are ignored;
-* one writer per file: gateway processes that share a fleet each learn from the same
-  fleet-wide demand, but give each its own path (or one process the path).
+* ``file`` (``autoscale.state_path``): durable (a temporary file flushed to disk, renamed over
+  the old one, the directory flushed: a crash leaves the old file or the new one), merged
+  (rows of pools this run does not size are kept); one writer per file;
+* ``redis`` (the ``state`` section's Redis): one hash per fleet, a field per pool, so gateway
+  processes and pods share it and a pod replaced by a deploy finds it; each process sizes
+  from the same fleet-wide demand (:mod:`inferplane.gateway.autoscale_demand`) and learns
+  about the same values, the last write wins.
 
-A missing file is a first start; an unreadable, malformed or stale one is logged and ignored
-(the loop starts over rather than not at all). A failed write is logged once until a write
-succeeds again; the loop goes on either way.
+Either way, values saved more than ``MAX_AGE_S`` ago (by the wall clock) describe a fleet and
+a workload that may be gone, and are ignored; a missing store is a first start; an
+unreadable, malformed or stale one is logged and ignored (the loop starts over rather than
+not at all), and a failed write is logged once until a write succeeds again.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import orjson
 
 from inferplane.core.autoscale_knowledge import PoolKnowledge, as_json, parse
+from inferplane.state.resp import ReplyError, RespClient
 
-__all__ = ["MAX_AGE_S", "LearnedStore"]
+__all__ = ["MAX_AGE_S", "FileLearnedStore", "LearnedStore", "RedisLearnedStore"]
 
 log = logging.getLogger("inferplane.gateway.autoscale")
 
 #: Learned values older than this (a week) are not trusted.
 MAX_AGE_S = 7 * 86_400.0
+_REDIS_ERRORS = (OSError, TimeoutError, ReplyError)
 
 
 class LearnedStore:
-    """The learned values of every pool, in one JSON file."""
+    """What every store does: load, tell a change, save a change (logging failures)."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
+    def __init__(self, where: str) -> None:
+        self.where = where
         self._saved: dict[str, PoolKnowledge] = {}
         self._failing = False
 
-    def load(self) -> dict[str, PoolKnowledge]:
-        """What the file holds ({} when there is none, or it is unreadable or stale)."""
+    async def load(self) -> dict[str, PoolKnowledge]:
+        """The values held ({} when there are none, or they are unreadable or stale)."""
         try:
-            doc = orjson.loads(self.path.read_bytes())
-            if not isinstance(doc, dict) or not isinstance(doc.get("saved_at_unix"), float):
-                raise ValueError("expected {'saved_at_unix': <seconds>, 'pools': {...}}")
-            age_s = time.time() - doc["saved_at_unix"]
-            if age_s > MAX_AGE_S:
-                raise ValueError(f"saved {age_s / 86_400:.1f} days ago (at most 7 trusted)")
-            self._saved = parse(doc.get("pools"))
-        except FileNotFoundError:
-            self._saved = {}
-        except (OSError, ValueError) as exc:  # orjson.JSONDecodeError is a ValueError
-            log.warning("autoscale: ignoring learned values in %s: %s", self.path, exc)
+            self._saved = await self._read()
+        except (OSError, TimeoutError, ValueError, ReplyError) as exc:
+            log.warning("autoscale: ignoring learned values in %s: %s", self.where, exc)
             self._saved = {}
         return dict(self._saved)
 
     def changed(self, learned: Mapping[str, PoolKnowledge]) -> bool:
-        """Whether ``learned`` differs from what the file holds for those pools."""
+        """Whether ``learned`` differs from what the store holds for those pools."""
         return any(self._saved.get(pool) != k for pool, k in learned.items())
 
-    def save(self, learned: Mapping[str, PoolKnowledge]) -> bool:
-        """Write ``learned`` over the rows the file holds when it changes them; whether it
-        wrote. Blocking (it flushes to disk): a body on an event loop runs it in a thread."""
+    async def save(self, learned: Mapping[str, PoolKnowledge]) -> bool:
+        """Write the rows ``learned`` changes (other pools' rows stay); whether it wrote."""
         if not self.changed(learned):
             return False
         rows = {**self._saved, **learned}
-        doc = {"saved_at_unix": time.time(), "pools": as_json(rows)}
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "wb") as f:
-                f.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-            _sync_dir(self.path.parent)
-        except OSError as exc:
-            tmp.unlink(missing_ok=True)
+            await self._write(rows, time.time())
+        except (OSError, TimeoutError, ReplyError) as exc:
             if not self._failing:
-                log.warning("autoscale: cannot keep learned values in %s: %s", self.path, exc)
+                log.warning("autoscale: cannot keep learned values in %s: %s", self.where, exc)
             self._failing = True
             return False
         self._saved, self._failing = rows, False
         return True
 
+    async def close(self) -> None:
+        return None
 
-def _sync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    async def _read(self) -> dict[str, PoolKnowledge]:
+        raise NotImplementedError
+
+    async def _write(self, rows: dict[str, PoolKnowledge], now_unix: float) -> None:
+        raise NotImplementedError
+
+
+def _fresh(saved_at_unix: Any, now_unix: float) -> None:
+    if not isinstance(saved_at_unix, float):
+        raise ValueError("no saved_at_unix time")
+    if now_unix - saved_at_unix > MAX_AGE_S:
+        days = (now_unix - saved_at_unix) / 86_400
+        raise ValueError(f"saved {days:.1f} days ago (at most {MAX_AGE_S / 86_400:.0f} trusted)")
+
+
+class FileLearnedStore(LearnedStore):
+    """Every pool's values in one JSON file: ``{"saved_at_unix": t, "pools": {...}}``."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        super().__init__(str(path))
+        self.path = Path(path)
+
+    async def _read(self) -> dict[str, PoolKnowledge]:
+        return await asyncio.to_thread(self._read_file)
+
+    def _read_file(self) -> dict[str, PoolKnowledge]:
+        try:
+            doc = orjson.loads(self.path.read_bytes())
+        except FileNotFoundError:
+            return {}
+        if not isinstance(doc, dict):
+            raise ValueError("expected {'saved_at_unix': <seconds>, 'pools': {...}}")
+        _fresh(doc.get("saved_at_unix"), time.time())
+        return parse(doc.get("pools"))
+
+    async def _write(self, rows: dict[str, PoolKnowledge], now_unix: float) -> None:
+        doc = orjson.dumps({"saved_at_unix": now_unix, "pools": as_json(rows)},
+                           option=orjson.OPT_INDENT_2)  # fmt: skip
+        await asyncio.to_thread(self._write_file, doc)
+
+    def _write_file(self, doc: bytes) -> None:
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "wb") as f:
+                f.write(doc)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            raise
+        fd = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+class RedisLearnedStore(LearnedStore):
+    """A hash ``<prefix>autoscale:learned``: per pool, its values and ``saved_at_unix``."""
+
+    def __init__(self, url: str, *, prefix: str = "inferplane:", op_timeout_s: float = 0.25):
+        self.key = f"{prefix}autoscale:learned"
+        super().__init__(f"redis {self.key}")
+        self._conn = RespClient(url, op_timeout_s=op_timeout_s)
+
+    async def _read(self) -> dict[str, PoolKnowledge]:
+        reply = await self._conn.execute("HGETALL", self.key)
+        now, rows = time.time(), {}
+        for field, value in zip(reply[::2], reply[1::2], strict=True):
+            pool = field.decode() if isinstance(field, bytes) else str(field)
+            row = orjson.loads(value)
+            if not isinstance(row, dict):
+                raise ValueError(f"pool {pool!r}: expected an object")
+            try:
+                _fresh(row.pop("saved_at_unix", None), now)
+            except ValueError as exc:
+                log.warning("autoscale: ignoring learned values of %r in %s: %s", pool,
+                            self.where, exc)  # fmt: skip
+                continue
+            rows[pool] = row
+        return parse(rows)
+
+    async def _write(self, rows: dict[str, PoolKnowledge], now_unix: float) -> None:
+        changed = {p: k for p, k in rows.items() if self._saved.get(p) != k}
+        args: list[str | bytes] = []
+        for pool, row in as_json(changed).items():
+            args += [pool, orjson.dumps({**row, "saved_at_unix": now_unix})]
+        if args:
+            await self._conn.execute("HSET", self.key, *args)
+
+    async def close(self) -> None:
+        await self._conn.close()

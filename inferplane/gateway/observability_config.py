@@ -8,6 +8,7 @@ them (``gateway.tracing``, ``gateway.autoscale``) re-export them.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -17,7 +18,13 @@ from inferplane.core.autoscale_policy import MAX_UTILISATION
 if TYPE_CHECKING:
     from inferplane.core.autoscaler import GpuOption, PoolPolicy
 
-__all__ = ["AutoscaleConfig", "GpuReplicaConfig", "PoolScaleConfig", "TracingConfig"]
+__all__ = [
+    "AutoscaleConfig",
+    "GpuReplicaConfig",
+    "LearnedStoreKind",
+    "PoolScaleConfig",
+    "TracingConfig",
+]
 
 
 class _Frozen(BaseModel):
@@ -133,6 +140,14 @@ def _require_profile(model: str, gpu: str) -> None:
         ) from None
 
 
+class LearnedStoreKind(StrEnum):
+    """Where the autoscaler keeps what it learned across restarts."""
+
+    MEMORY = "memory"
+    FILE = "file"
+    REDIS = "redis"
+
+
 class AutoscaleConfig(_Frozen):
     """The ``autoscale`` section: off by default."""
 
@@ -140,9 +155,17 @@ class AutoscaleConfig(_Frozen):
     tick_s: float = Field(default=15.0, gt=0)
     time_scale: float = Field(default=1.0, gt=0)  # the emulated engines' (sizing): slow-down
     pools: tuple[PoolScaleConfig, ...] = ()
-    # A file the loop keeps what it learned in (learned utilisation, burst length), read at
-    # start and rewritten when it changes, so a restart does not forget (None: memory only).
+    # Where the loop keeps what it learned (learned utilisation, burst length) so that a
+    # restart does not forget (gateway/autoscale_store.py): memory (forgotten), file (at
+    # state_path) or redis (the state section's Redis, which must then be the backend).
+    learned_store: LearnedStoreKind = LearnedStoreKind.MEMORY
     state_path: str | None = Field(default=None, min_length=1)
+
+    @model_validator(mode="after")
+    def _store(self) -> AutoscaleConfig:
+        if (self.learned_store is LearnedStoreKind.FILE) != (self.state_path is not None):
+            raise ValueError("learned_store: file needs state_path, and state_path needs it")
+        return self
 
     def policies(self) -> list[PoolPolicy]:
         """The core's pool policies, GPU options from ``replica`` or the engine profiles."""
