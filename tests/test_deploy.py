@@ -57,6 +57,13 @@ def _fleet_yaml() -> dict[str, Any]:
     return loaded
 
 
+def _without_redis(fleet: dict[str, Any]) -> dict[str, Any]:
+    """The configmap's fleet without the cluster's Redis: state in memory, and so the loop's
+    learned values (which live in that Redis)."""
+    autoscale = {**fleet["autoscale"], "learned_store": "memory"}
+    return {**{k: v for k, v in fleet.items() if k != "state"}, "autoscale": autoscale}
+
+
 def _fleet(tmp_path: Path) -> FleetConfig:
     """The configmap's fleet.yaml through the real loader, as the gateway reads it."""
     path = tmp_path / "fleet.yaml"
@@ -100,7 +107,7 @@ def test_gateway_probes_hit_routes_the_gateway_serves_and_configmap_is_mounted()
     gw = _by_kind("Deployment")["inferplane-gateway"]
     pod = gw["spec"]["template"]["spec"]
     (container,) = pod["containers"]
-    app = Gateway(parse_config({k: v for k, v in _fleet_yaml().items() if k != "state"}))
+    app = Gateway(parse_config(_without_redis(_fleet_yaml())))
     served = {r.resource.canonical for r in app.build_app().router.routes() if r.resource}
     for probe in ("readinessProbe", "livenessProbe"):
         assert container[probe]["httpGet"]["path"] in served
@@ -128,7 +135,7 @@ def test_fleet_config_parses_and_points_at_the_redis_service() -> None:
     assert state.backend is StateBackend.REDIS
     host = state.redis_url.split("//")[1].split(".")[0]
     assert host in _by_kind("Service")
-    cfg = parse_config({k: v for k, v in fleet.items() if k != "state"})
+    cfg = parse_config(_without_redis(fleet))
     assert cfg.gateway.port == 8080 and cfg.endpoints
 
 
@@ -136,6 +143,7 @@ def test_configmap_runs_an_autoscale_loop_for_the_served_model(tmp_path: Path) -
     cfg = _fleet(tmp_path)
     assert cfg.autoscale.enabled and cfg.autoscale.pools
     assert cfg.state.backend is StateBackend.REDIS  # fleet-wide demand, not each process's own
+    assert cfg.autoscale.learned_store.value == "redis"  # a restarted pod keeps what was learned
     for pool in cfg.autoscale.pools:
         assert pool.model in cfg.served_models()
     # The gateway serves the loop's decisions, and the loop decides within each pool's bounds.
