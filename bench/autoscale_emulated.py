@@ -323,6 +323,16 @@ async def warm_arm(args: argparse.Namespace, stem: str) -> dict[str, Any]:
     return result
 
 
+def imported_tree() -> dict[str, Any]:
+    """Which inferplane this run imported, and how many of its modules are compiled: a copy
+    built by ``make compiled`` runs only with PYTHONPATH pointing at it (else the
+    virtualenv's editable install, pure Python, is what runs)."""
+    import inferplane
+
+    root = Path(inferplane.__file__).resolve().parent
+    return {"path": str(root), "compiled_modules": sum(1 for _ in root.rglob("*.so"))}
+
+
 async def _ready(gateway: Gateway, names: list[str]) -> None:
     """Wait for the gateway's health checks to see the warm engines ready."""
     for _ in range(600):
@@ -375,7 +385,8 @@ async def main_async(args: argparse.Namespace) -> None:
             result = await warm_arm(args, stem)
         else:
             result = await run_arm(arm, 1, args)
-        result.update(args=vars(args), load_before=load_before, load_after=os.getloadavg())
+        result.update(args=vars(args), load_before=load_before, load_after=os.getloadavg(),
+                      tree=imported_tree())  # fmt: skip
         (RESULTS / f"{stem}-{arm}.json").write_text(json.dumps(result, indent=1))
     order = ("inferplane", "queue-hpa", "queue-hpa-open", "peak")
     by = {
@@ -394,7 +405,8 @@ async def main_async(args: argparse.Namespace) -> None:
     (RESULTS / f"{stem}.json").write_text(json.dumps(doc, indent=1))
     (RESULTS / f"{stem}.md").write_text(
         f"# Autoscaling on the emulated fleet\n\n`python bench/autoscale_emulated.py` with "
-        f"{vars(args)}\n\n{text}\n\nload average (1 min) before -> after each arm: "
+        f"{vars(args)}; inferplane from {imported_tree()}\n\n{text}\n\n"
+        "load average (1 min) before -> after each arm: "
         + "; ".join(loads)
         + "\n\n"
         + "\n".join(lines)
