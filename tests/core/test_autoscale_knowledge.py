@@ -16,7 +16,6 @@ from inferplane.core.autoscaler import (
     GpuOption,
     PoolPolicy,
     PoolSignal,
-    _reserve_carry,
 )
 
 H100 = GpuOption("h100", price_per_hour_usd=4.0, tokens_per_s=1000.0, cold_start_s=60.0)
@@ -89,34 +88,28 @@ def test_fractions_of_another_model_are_rescaled_and_short_bursts_dropped() -> N
     assert state.pools["m"].episode.length_s is None
 
 
-def test_a_resumed_loop_plans_and_reserves_at_what_it_learned() -> None:
-    """A quiet pool with an 8x burst prior: a new loop keeps a spare replica for the burst
-    (the reserve priced at one replica's modelled throughput); a loop that learned its
-    replicas carry 2x the model within the SLO knows one replica holds that reserve."""
-    scaler = Autoscaler([POLICY])
-    resumed = resume(AutoscalerState(), {"m": PoolKnowledge(2.0)}, scaler.policies)
-    fresh = AutoscalerState()
-    for i in range(6):
-        window = [_window(15.0 * (i + 1), 150.0)]
-        (new, *_), fresh = scaler.decide(window, fresh)
-        (old, *_), resumed = scaler.decide(window, resumed)
-    assert new.desired_total == 2 and "burst reserve" in new.reason
-    assert old.desired_total == 1
-    assert old.need_tokens_per_s < new.need_tokens_per_s
-    assert knowledge(resumed, POLICIES)["m"].utilisation == pytest.approx(2.0)
-
-
-def test_the_reserve_credits_learned_and_carried_evidence_once() -> None:
-    waits = replace(POLICY, burst_slo_wait_s=3.0)
-    assert _reserve_carry(POLICY, 2.0, 0.0) == pytest.approx(2.0)
-    assert _reserve_carry(POLICY, 2.0, 3.0) == pytest.approx(2.0)  # no wait: nothing credited
-    assert _reserve_carry(waits, 2.0, 3.0) == pytest.approx(1.0)  # carried 3x already credited
-    assert _reserve_carry(waits, 2.0, 1.5) == pytest.approx(2.0 / 1.5)  # the rest of 2x
-    assert _reserve_carry(waits, 2.0, 0.5) == pytest.approx(2.0)
-    # Not learned (at the target): no credit, even where reserve_utilisation is lower.
-    cautious = replace(POLICY, reserve_utilisation=0.5)
-    assert _reserve_carry(cautious, POLICY.target_utilisation, 0.0) == 1.0
-    assert _reserve_carry(cautious, 1.5, 0.0) == pytest.approx(3.0)
+def test_a_resumed_loop_plans_at_what_it_learned_and_keeps_its_burst_reserve() -> None:
+    """A loop that learned its replicas carry 2x the model within the SLO sizes a loaded pool
+    at that (a new loop, at the 0.7 target, buys a second replica for 900 tok/s); the burst
+    reserve stays priced at the model (the margin for a burst larger than any window seen),
+    so at a quiet demand with an 8x burst prior both keep the spare."""
+    plain = replace(POLICY, burst_prior=1.0)
+    for policy, rate, loaded in ((plain, 900.0, True), (POLICY, 150.0, False)):
+        scaler = Autoscaler([policy])
+        resumed = resume(AutoscalerState(), {"m": PoolKnowledge(2.0)}, scaler.policies)
+        fresh = AutoscalerState()
+        for i in range(6):
+            # no SLO evidence in these windows: the new loop does not learn here
+            window = [_window(15.0 * (i + 1), rate, slo=None)]
+            (new, *_), fresh = scaler.decide(window, fresh)
+            (old, *_), resumed = scaler.decide(window, resumed)
+        if loaded:
+            assert new.desired_total == 2 and old.desired_total == 1
+            assert "at 0.70" in new.reason and "at 2.00" in old.reason
+        else:
+            assert new.desired_total == old.desired_total == 2
+            assert "burst reserve" in new.reason and "burst reserve" in old.reason
+        assert knowledge(resumed, {"m": policy})["m"].utilisation == pytest.approx(2.0)
 
 
 def test_windows_without_evidence_keep_what_was_learned() -> None:
