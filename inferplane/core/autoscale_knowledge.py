@@ -59,11 +59,11 @@ def knowledge(
         policy = policies.get(pool)
         if policy is None:
             continue
-        learned, most = memory.learned, policy.max_utilisation
-        utilisation = learned.utilisation if learned.utilisation > policy.target_utilisation else 0
+        learned, most, target = memory.learned, policy.max_utilisation, policy.target_utilisation
+        utilisation = learned.utilisation if learned.utilisation > target else 0.0
         ceiling = learned.ceiling if most is not None and 0 < learned.ceiling < most else 0.0
         out[pool] = PoolKnowledge(
-            float(utilisation), ceiling, memory.episode.length_s, policy.options[0].tokens_per_s
+            utilisation, ceiling, memory.episode.length_s, policy.options[0].tokens_per_s
         )
     return out
 

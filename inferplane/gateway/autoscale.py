@@ -58,7 +58,7 @@ from inferplane.gateway.observability_config import (
     LearnedStoreKind,
     PoolScaleConfig,
 )
-from inferplane.state.config import StateBackend
+from inferplane.state.config import StateBackend, StateConfig
 
 if TYPE_CHECKING:
     from inferplane.gateway.app import Gateway
@@ -245,9 +245,8 @@ class AutoscaleController:
                 replace(s, starting={**s.starting, **starting.get(s.pool, {})}) for s in signals
             ]
         self.decisions, self.state = self.autoscaler.decide(signals, self.state)
-        learned = knowledge(self.state, self.autoscaler.policies)
-        if self.store is not None and self.store.changed(learned):
-            await self.store.save(learned)
+        if self.store is not None:  # writes only what changed
+            await self.store.save(knowledge(self.state, self.autoscaler.policies))
         self.history += [{"t": now, **_as_dict(d)} for d in self.decisions]
         del self.history[:-HISTORY_LEN]
         for decision in self.decisions:
@@ -293,8 +292,13 @@ def _shared_demand(gateway: Gateway) -> SharedDemand | None:
         state.redis_url,
         prefix=state.key_prefix,
         ttl_s=SHARED_TTL_S,
-        op_timeout_s=max(0.25, state.op_timeout_s),  # off the request path: be patient
+        op_timeout_s=_loop_timeout_s(state),
     )
+
+
+def _loop_timeout_s(state: StateConfig) -> float:
+    """The loop's Redis calls are off the request path: they may wait longer than a call's."""
+    return max(0.25, state.op_timeout_s)
 
 
 def learned_store(gateway: Gateway, config: AutoscaleConfig) -> LearnedStore | None:
@@ -303,8 +307,9 @@ def learned_store(gateway: Gateway, config: AutoscaleConfig) -> LearnedStore | N
         return FileLearnedStore(config.state_path)
     if config.learned_store is LearnedStoreKind.REDIS:
         state = gateway.config.state
-        return RedisLearnedStore(state.redis_url, prefix=state.key_prefix,
-                                 op_timeout_s=max(0.25, state.op_timeout_s))  # fmt: skip
+        return RedisLearnedStore(
+            state.redis_url, prefix=state.key_prefix, op_timeout_s=_loop_timeout_s(state)
+        )
     return None
 
 

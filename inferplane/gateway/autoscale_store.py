@@ -42,7 +42,8 @@ log = logging.getLogger("inferplane.gateway.autoscale")
 
 #: Learned values older than this (a week) are not trusted.
 MAX_AGE_S = 7 * 86_400.0
-_REDIS_ERRORS = (OSError, TimeoutError, ReplyError)
+#: What a store's read or write raises when its file or Redis fails (a read also ValueError).
+_STORE_ERRORS = (OSError, TimeoutError, ReplyError)
 
 
 class LearnedStore:
@@ -57,7 +58,7 @@ class LearnedStore:
         """The values held ({} when there are none, or they are unreadable or stale)."""
         try:
             self._saved = await self._read()
-        except (OSError, TimeoutError, ValueError, ReplyError) as exc:
+        except (*_STORE_ERRORS, ValueError) as exc:
             log.warning("autoscale: ignoring learned values in %s: %s", self.where, exc)
             self._saved = {}
         return dict(self._saved)
@@ -73,7 +74,7 @@ class LearnedStore:
         rows = {**self._saved, **learned}
         try:
             await self._write(rows, time.time())
-        except (OSError, TimeoutError, ReplyError) as exc:
+        except _STORE_ERRORS as exc:
             if not self._failing:
                 log.warning("autoscale: cannot keep learned values in %s: %s", self.where, exc)
             self._failing = True

@@ -9,6 +9,7 @@ import logging
 import os
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -57,14 +58,14 @@ async def _loaded_ticks(ctl: AutoscaleController, requests: Counter, tokens: Cou
     await ctl.tick(15.0)
 
 
-async def _restart_keeps_what_was_learned(make: type[LearnedStore] | object, *a: str) -> None:
-    ctl, requests, tokens = _controller(make(*a))  # type: ignore[operator]
+async def _restart_keeps_what_was_learned(make: Callable[[], LearnedStore]) -> None:
+    ctl, requests, tokens = _controller(make())
     await ctl.restore()  # a first start: nothing kept
     assert ctl.state.pools == {}
     await _loaded_ticks(ctl, requests, tokens)
     learned = _learned(ctl)[MODEL]
     assert learned.utilisation == pytest.approx(1.4)
-    again, _, _ = _controller(make(*a))  # type: ignore[operator]  # a deploy restarts it
+    again, _, _ = _controller(make())  # a deploy restarts it
     await again.restore()
     assert _learned(again)[MODEL] == learned
     for c in (ctl, again):
@@ -74,7 +75,7 @@ async def _restart_keeps_what_was_learned(make: type[LearnedStore] | object, *a:
 
 async def test_a_restarted_controller_starts_from_its_file(tmp_path: Path) -> None:
     path = tmp_path / "learned.json"
-    await _restart_keeps_what_was_learned(FileLearnedStore, str(path))
+    await _restart_keeps_what_was_learned(lambda: FileLearnedStore(path))
     pools = orjson.loads(path.read_bytes())["pools"]
     assert pools[MODEL]["utilisation"] == pytest.approx(1.4)
 
