@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-__all__ = ["fitted_line", "surge_rate", "surge_z"]
+__all__ = ["fitted_line", "rising_rate", "surge_rate", "surge_z"]
 
 
 def surge_z(requests: int, expected_requests: float) -> float:
@@ -69,7 +69,20 @@ def surge_rate(
     per_call = tokens / requests
     if surge_z(requests, expected_tokens_per_s * window_s / per_call) < z:
         return 0.0
-    level, slope = fitted_line((*recent, (now_s, rate)), now_s)
+    rising = rising_rate((*recent, (now_s, rate)), now_s, horizon_s, max_factor)
+    return max(rate, rising) if rising > 0 else 0.0
+
+
+def rising_rate(
+    rates: Sequence[tuple[float, float]], now_s: float, horizon_s: float, max_factor: float
+) -> float:
+    """Where the line fitted to ``rates`` (``(at_s, tokens/s)``, the last one now's) is
+    ``horizon_s`` from now when it rises, at most ``max_factor`` x the last rate; 0 when it
+    is flat or falling. The surge's extrapolation, and the scale-down's guard: a replica
+    released now takes a cold start to come back."""
+    if len(rates) < 2:
+        return 0.0
+    level, slope = fitted_line(rates, now_s)
     if slope <= 0:
         return 0.0
-    return min(rate * max_factor, max(rate, level + slope * horizon_s))
+    return min(rates[-1][1] * max_factor, level + slope * horizon_s)

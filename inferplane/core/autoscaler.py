@@ -49,7 +49,9 @@ How the desired size is found:
 * **no flapping**: scale-up is immediate; scale-down only follows the *largest* need seen over
   ``scale_down_window_s`` (Kubernetes' stabilisation window), only when that need is below the
   current capacity by more than ``down_tolerance``, and not within ``scale_down_cooldown_s``
-  of the last scale-up. ``min_replicas`` and ``max_replicas`` bound the total.
+  of the last scale-up, nor while the recent windows' fitted line rises to a need the
+  smaller fleet could not carry within a cold start (released capacity takes that long to
+  come back). ``min_replicas`` and ``max_replicas`` bound the total.
 
 Pure: no clock, no I/O; ``now_s`` comes in the signal and the state is a value passed back in.
 """
@@ -68,7 +70,7 @@ from inferplane.core.autoscale_plan import cheapest_for as _cheapest_for
 from inferplane.core.autoscale_policy import GpuOption, PoolPolicy
 from inferplane.core.autoscale_reserve import BurstReserve, slow_baseline
 from inferplane.core.autoscale_state import AutoscalerState, PoolMemory, PoolSignal, ScaleDecision
-from inferplane.core.autoscale_surge import surge_rate
+from inferplane.core.autoscale_surge import rising_rate, surge_rate
 from inferplane.core.forecast import Forecast, HoltForecast, ScheduleForecast
 
 __all__ = [
@@ -175,7 +177,12 @@ def _decide_pool(
         (now, held),
     )  # fmt: skip
     window_need = max(n for _, n in needs)
-    desired, action, why = plan(policy, current, need, window_need, memory.last_up_s, now)
+    rising = _rising_need(policy, rates, now, learned.utilisation)
+    desired, action, why = plan(
+        policy, current, need, max(window_need, rising), memory.last_up_s, now
+    )
+    if rising > window_need and action is ScaleAction.HOLD:
+        why = f"{why}; rising to {rising:.0f} tok/s within a cold start"
     reasons.append(why)
     last_up = now if action is ScaleAction.UP else memory.last_up_s
     decision = ScaleDecision(
@@ -189,6 +196,16 @@ def _decide_pool(
     )
     after = PoolMemory(holt, needs[-256:], last_up, rates, reserve, slow, learned, episode, carried)
     return decision, after
+
+
+def _rising_need(
+    policy: PoolPolicy, rates: Sequence[tuple[float, float]], now: float, utilisation: float
+) -> float:
+    """The need where the recent windows' fitted line rises to within the horizon (0: flat
+    or falling). A replica released now takes a cold start to come back, so the loop does not
+    scale down below it; it buys nothing (the forecast and the surge test size scale-ups)."""
+    rate = rising_rate(rates, now, _horizon_s(policy), policy.surge_max_factor)
+    return rate / utilisation
 
 
 def _demand_need(

@@ -182,6 +182,22 @@ def test_scale_down_drains_costliest_per_token_first_after_the_window() -> None:
     assert sum(fleet.values()) == 1
 
 
+def test_no_scale_down_while_demand_rises_to_what_the_replica_would_serve() -> None:
+    # Two replicas held by an hour of 1,000 tok/s; the need then falls under one replica.
+    # Flat at 150 tok/s, the spare goes when the window lets it; rising (150 -> 400 over
+    # three windows: 5 tok/s per s, ~1,000 tok/s within the 75 s a replica takes to come
+    # back), it stays.
+    scaler = Autoscaler([_policy(max_replicas=4, scale_down_window_s=60.0)])
+    flat = _run(scaler, [1000.0] * 4 + [150.0] * 4, {"h100": 2})
+    rising = _run(scaler, [1000.0] * 4 + [150.0, 150.0, 200.0, 400.0], {"h100": 2})
+    assert flat[-1].action is ScaleAction.DOWN and flat[-1].desired_total == 1
+    assert all(d.action is ScaleAction.HOLD for d in rising)
+    assert rising[-1].desired_total == 2 and "rising to" in rising[-1].reason
+    # The guard buys nothing: the same rise from one replica is left to the forecast.
+    from_one = _run(scaler, [150.0, 150.0, 200.0, 400.0], {"h100": 1})
+    assert all(d.desired_total == 1 for d in from_one)
+
+
 def test_scale_down_waits_for_the_cooldown_after_a_scale_up() -> None:
     scaler = Autoscaler([_policy(max_replicas=10, scale_down_window_s=15.0)])
     (up,), state = scaler.decide([_signal(0.0, 3000.0, {"h100": 1})], AutoscalerState())
