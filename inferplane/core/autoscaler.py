@@ -51,7 +51,8 @@ How the desired size is found:
   current capacity by more than ``down_tolerance``, and not within ``scale_down_cooldown_s``
   of the last scale-up, nor while the recent windows' fitted line rises to a need the
   smaller fleet could not carry within a cold start (released capacity takes that long to
-  come back). ``min_replicas`` and ``max_replicas`` bound the total.
+  come back), nor while a burst episode is on (a burst can rise again within itself; its
+  replicas drain at once when it ends). ``min_replicas`` and ``max_replicas`` bound the total.
 
 Pure: no clock, no I/O; ``now_s`` comes in the signal and the state is a value passed back in.
 """
@@ -153,6 +154,7 @@ def _decide_pool(
         policy, signal, memory, forecast, (demand, need), bursting=episode.on
     )
     carried = _carried(policy, signal, memory.carried)
+    burst = bought
     kept, bought = (
         slo_reserve(
             policy, part, backlog_tokens=signal.backlog_tokens, burst_length_s=episode.length_s,
@@ -163,7 +165,8 @@ def _decide_pool(
     if bought / policy.reserve_utilisation > need:
         need = bought / policy.reserve_utilisation
         reasons.append(
-            f"burst reserve {bought:.0f} tok/s (x{bought / max(demand, 1e-9):.1f} demand)"
+            f"burst reserve {bought:.0f} tok/s (x{bought / max(demand, 1e-9):.1f} demand"
+            f"; for a burst of {burst:.0f}{', burst on' if episode.on else ''})"
         )
     rates = (*memory.rates, (now, signal.tokens_per_s))[-policy.surge_windows :]
     need, late = late_cap(policy, episode, now, rates, capacity, need)
@@ -178,11 +181,12 @@ def _decide_pool(
     )  # fmt: skip
     window_need = max(n for _, n in needs)
     rising = _rising_need(policy, rates, now, learned.utilisation)
+    kept_in_burst = capacity if episode.on else 0.0  # nothing is released during a burst
     desired, action, why = plan(
-        policy, current, need, max(window_need, rising), memory.last_up_s, now
+        policy, current, need, max(window_need, rising, kept_in_burst), memory.last_up_s, now
     )
-    if rising > window_need and action is ScaleAction.HOLD:
-        why = f"{why}; rising to {rising:.0f} tok/s within a cold start"
+    if action is ScaleAction.HOLD and max(rising, kept_in_burst) > window_need:
+        why = f"{why}; {_kept_why(rising, kept_in_burst)}"
     reasons.append(why)
     last_up = now if action is ScaleAction.UP else memory.last_up_s
     decision = ScaleDecision(
@@ -196,6 +200,12 @@ def _decide_pool(
     )
     after = PoolMemory(holt, needs[-256:], last_up, rates, reserve, slow, learned, episode, carried)
     return decision, after
+
+
+def _kept_why(rising: float, kept_in_burst: float) -> str:
+    if kept_in_burst >= rising:
+        return "burst on: nothing released until it ends"
+    return f"rising to {rising:.0f} tok/s within a cold start"
 
 
 def _rising_need(

@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from inferplane.core.autoscale_burst import BurstEpisode, late_for_burst, rise_ratio
+from inferplane.core.autoscale_state import PoolMemory
 from inferplane.core.autoscaler import (
     Autoscaler,
     AutoscalerState,
@@ -257,3 +258,25 @@ def test_a_day_ramp_begins_no_burst() -> None:
     for rate in rates:
         loop.step(rate)
         assert not loop.state.pools["m"].episode.on
+
+
+def test_nothing_is_released_while_a_burst_is_on() -> None:
+    # Two replicas, a demand one carries (5,000 tok/s at 0.7 of 10,000 each): the loop lets
+    # the second go, unless a burst episode is on (begun at 90 s from 1,000 tok/s; 5,000 is
+    # still over its off ratio): a burst can rise again within itself (the emulated day's
+    # seed 3 let its spare go 25 s before the real burst came on its ramp).
+    policy = _policy()
+    signal = PoolSignal(
+        pool="m", now_s=100.0, window_s=TICK_S, tokens=5_000.0 * TICK_S, requests=25,
+        serving={"h100": 2},
+    )  # fmt: skip
+    on = BurstEpisode(start_s=90.0, base_tokens_per_s=1_000.0, windows=2)
+    decisions = {}
+    for name, episode in (("off", BurstEpisode()), ("on", on)):
+        state = AutoscalerState({"m": PoolMemory(episode=episode)})
+        (decision,), after = Autoscaler([policy]).decide([signal], state)
+        assert after.pools["m"].episode.on is episode.on
+        decisions[name] = decision
+    assert decisions["off"].action is ScaleAction.DOWN and decisions["off"].desired_total == 1
+    assert decisions["on"].action is ScaleAction.HOLD and decisions["on"].desired_total == 2
+    assert "burst on" in decisions["on"].reason
