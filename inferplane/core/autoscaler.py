@@ -140,7 +140,7 @@ def _decide_pool(
     policy: PoolPolicy, signal: PoolSignal, memory: PoolMemory, given: Forecast | None
 ) -> tuple[ScaleDecision, PoolMemory]:
     now = signal.now_s
-    episode = _episode(policy, signal, memory)
+    episode, rises = _episode(policy, signal, memory)
     ended = memory.episode.on and not episode.on
     # A burst that ended leaves the fast forecast: its level and trend are not the demand's.
     holt = (replace(memory.forecast, at_s=None) if ended else memory.forecast).update(
@@ -151,7 +151,7 @@ def _decide_pool(
     capacity = _capacity(policy, current)
     demand, need, learned, reasons = _demand_need(policy, signal, memory, forecast, capacity)
     reserve, slow, (kept, bought) = _reserve(
-        policy, signal, memory, forecast, (demand, need), bursting=episode.on
+        policy, signal, memory, forecast, (demand, need), bursting=episode.on or rises
     )
     carried = _carried(policy, signal, memory.carried)
     burst = bought
@@ -247,10 +247,16 @@ def _demand_need(
     return demand, need, learned, reasons
 
 
-def _episode(policy: PoolPolicy, signal: PoolSignal, memory: PoolMemory) -> BurstEpisode:
-    """The burst episode after this window: a surge, or a rise to ``burst_on_ratio`` within a
-    cold start, over the settled slow baseline begins one
-    (:mod:`inferplane.core.autoscale_burst`)."""
+def _episode(
+    policy: PoolPolicy, signal: PoolSignal, memory: PoolMemory
+) -> tuple[BurstEpisode, bool]:
+    """The burst episode after this window, and whether the window rises like a burst: a
+    surge, or a rise to ``burst_on_ratio`` within a cold start, once the slow baseline has
+    settled. Such a window over the slow baseline begins an episode
+    (:mod:`inferplane.core.autoscale_burst`); one under it (a rise from a dip, or a burst's
+    first windows) still rises, and the reserve's prior on the demand now then scales the
+    slow baseline, as it does in an episode: the demand of a burst under way is not the
+    demand the burst it guards against would rise from."""
     holt = memory.slow if memory.slow.at_s is not None else memory.forecast
     since, horizon_s = memory.reserve.since_s, _horizon_s(policy)
     settled = since is not None and signal.now_s - since >= policy.reserve_baseline_s
@@ -262,12 +268,13 @@ def _episode(policy: PoolPolicy, signal: PoolSignal, memory: PoolMemory) -> Burs
         ) >= policy.burst_on_ratio
         or _surge_demand(policy, signal, memory, horizon_s, policy.surge_z) > 0
     )  # fmt: skip
-    return memory.episode.observe(
+    episode = memory.episode.observe(
         requests=signal.requests, tokens=signal.tokens, window_s=signal.window_s,
         now_s=signal.now_s, baseline_tokens_per_s=max(holt.level, holt.predict(signal.now_s)),
         z=policy.burst_z, on_ratio=policy.burst_on_ratio, off_ratio=policy.burst_off_ratio,
         surging=surging,
     )  # fmt: skip
+    return episode, surging
 
 
 def _reserve(
@@ -282,11 +289,12 @@ def _reserve(
     """The reserve after this window, its slow baseline and the spare demand (tokens/s) it
     should carry, in two parts: the learned one scales the slow baseline (never above the
     forecast), the prior's the larger of ``burst_prior x quiet demand`` and ``burst_prior_now
-    x the forecast`` (the slow baseline instead while a burst episode is on: a burst is not
-    the demand the next one rises from), at most ``reserve_max_replicas`` replicas over
-    ``need``. The slow baseline alone lags a day's ramp by its time constant and more (its
-    input is clipped): on the emulated fleet it read 728 tok/s at 9 s and bought the spare
-    at 99 s, 6 s before the burst, against a 46 s cold start."""
+    x the forecast`` (the slow baseline instead while a burst episode is on, or the window
+    rises like a burst: a burst is not the demand the next one rises from), at most
+    ``reserve_max_replicas`` replicas over ``need``. The slow baseline alone lags a day's
+    ramp by its time constant and more (its input is clipped): on the emulated fleet it read
+    728 tok/s at 9 s and bought the spare at 99 s, 6 s before the burst, against a 46 s cold
+    start."""
     demand, need = demand_need
     now = signal.now_s
     reserve = _observe_reserve(policy, signal, memory)

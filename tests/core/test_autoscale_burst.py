@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from inferplane.core.autoscale_burst import BurstEpisode, late_for_burst, rise_ratio
+from inferplane.core.autoscale_reserve import BurstReserve
 from inferplane.core.autoscale_state import PoolMemory
 from inferplane.core.autoscaler import (
     Autoscaler,
@@ -26,6 +27,7 @@ from inferplane.core.autoscaler import (
     ScaleDecision,
     ScheduleForecast,
 )
+from inferplane.core.forecast import HoltForecast
 
 from .autoscale_loop import TICK_S, TOKENS_PER_CALL, ClosedLoop, h100, pool_policy
 
@@ -280,3 +282,39 @@ def test_nothing_is_released_while_a_burst_is_on() -> None:
     assert decisions["off"].action is ScaleAction.DOWN and decisions["off"].desired_total == 1
     assert decisions["on"].action is ScaleAction.HOLD and decisions["on"].desired_total == 2
     assert "burst on" in decisions["on"].reason
+
+
+def _rise_memory(rates: tuple[tuple[float, float], ...], slow_level: float) -> PoolMemory:
+    return PoolMemory(
+        forecast=HoltForecast(level=rates[-1][1], at_s=rates[-1][0]), rates=rates,
+        reserve=BurstReserve(since_s=0.0, quiet=((0.0, 3_000.0),), level_tokens_per_s=slow_level,
+                             at_s=rates[-1][0]),
+        slow=HoltForecast(level=slow_level, at_s=rates[-1][0], alpha=0.08, beta=0.02),
+    )  # fmt: skip
+
+
+def test_a_burst_under_way_is_not_the_demand_the_prior_on_now_rises_from() -> None:
+    # Two replicas of 10,000 tok/s, a quiet level of 3,000 and a prior of 5x on the demand
+    # now (up to one replica over need). At a steady 13,000 tok/s the prior asks for a burst
+    # of 4 x 3,000 on top: a third replica. The same 13,000 reached from a 4,000 dip within a
+    # cold start, over a slow baseline of 6,000 (2.2x: a rise, not yet an episode), is a
+    # burst's first windows: the prior scales the 6,000 it rose from and buys nothing (the
+    # emulated day's seed 1 bought a third replica this way, 5 s before its episode began).
+    policy = _policy(burst_prior_now=5.0, burst_max_factor=8.0, target_utilisation=1.0)
+    signal = PoolSignal(
+        pool="m", now_s=100.0, window_s=TICK_S, tokens=65 * TOKENS_PER_CALL, requests=65,
+        serving={"h100": 2},
+    )  # fmt: skip
+    steady = tuple((float(t), 13_000.0) for t in range(50, 100, 5))
+    rise = (*((float(t), 6_000.0) for t in range(50, 85, 5)),
+            (85.0, 4_000.0), (90.0, 8_500.0), (95.0, 11_000.0))  # fmt: skip
+    decided = {}
+    for name, memory in (("steady", _rise_memory(steady, 13_000.0)),
+                         ("rise", _rise_memory(rise, 6_000.0))):  # fmt: skip
+        (decided[name],), after = Autoscaler([policy]).decide(
+            [signal], AutoscalerState({"m": memory})
+        )
+        assert not after.pools["m"].episode.on
+    assert decided["steady"].action is ScaleAction.UP and decided["steady"].desired_total == 3
+    assert "burst reserve" in decided["steady"].reason
+    assert decided["rise"].action is ScaleAction.HOLD and decided["rise"].desired_total == 2
