@@ -52,7 +52,7 @@ class PoolMemory:
     forecast: HoltForecast = field(default_factory=HoltForecast)
     needs: tuple[tuple[float, float], ...] = ()  # (at_s, capacity tokens/s) in the window
     last_up_s: float | None = None
-    rates: tuple[tuple[float, float], ...] = ()  # (at_s, tokens/s) of the last windows
+    rates: tuple[tuple[float, float], ...] = ()  # (at_s, tokens/s) of the last cold start
     reserve: BurstReserve = field(default_factory=BurstReserve)
     slow: HoltForecast = field(default_factory=HoltForecast)  # the reserve's baseline demand
     learned: Learned = field(default_factory=Learned)  # utilisation planned for, from the SLO

@@ -318,3 +318,19 @@ def test_a_burst_under_way_is_not_the_demand_the_prior_on_now_rises_from() -> No
     assert decided["steady"].action is ScaleAction.UP and decided["steady"].desired_total == 3
     assert "burst reserve" in decided["steady"].reason
     assert decided["rise"].action is ScaleAction.HOLD and decided["rise"].desired_total == 2
+
+
+def test_the_rise_test_reads_the_windows_of_a_whole_cold_start() -> None:
+    # 4 calls/s, then 25% more each window for five windows (3x in 25 s), then flat: no
+    # four windows double at the count's lower bound, the cold start's (45 s) do. The loop
+    # keeps those windows (10 at the 5 s tick, the one now and one a cold start ago included),
+    # and the rise begins a burst on its fifth window; with four windows kept it begins none.
+    rates = [4.0] * 36 + [4.0 * 1.25 ** (i + 1) for i in range(5)] + [4.0 * 1.25**5] * 6
+    loop = ClosedLoop(Autoscaler([_policy()]), 3, H100)
+    on = []
+    for rate in rates:
+        loop.step(rate, exact=True)
+        on.append(loop.state.pools["m"].episode.on)
+        kept = loop.state.pools["m"].rates
+        assert loop.now - kept[0][0] <= H100.cold_start_s and len(kept) == min(len(on), 10)
+    assert not any(on[:36]) and on.index(True) == 36 + 4
