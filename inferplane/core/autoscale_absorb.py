@@ -142,7 +142,7 @@ def slo_reserve(
     wait_s = policy.burst_slo_wait_s
     if wait_s is None:
         return burst_tokens_per_s
-    cold_s = min(o.cold_start_s for o in policy.options)
+    cold_s = policy.fastest_cold_start_s
     serve_s = cold_s if policy.burst_min_serve_s is None else policy.burst_min_serve_s
     length_s = policy.burst_length_s if burst_length_s is None else burst_length_s
     within_s = queue_horizon_s(

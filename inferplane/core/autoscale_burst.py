@@ -158,7 +158,7 @@ def late_cap(
 ) -> tuple[float, str]:
     """The need: while a burst is on that will be over before a replica bought now serves
     ``burst_min_serve_s`` of it, no more than the capacity there is (and why, else "")."""
-    cold_s = min(o.cold_start_s for o in policy.options)
+    cold_s = policy.fastest_cold_start_s
     serve_s = cold_s if policy.burst_min_serve_s is None else policy.burst_min_serve_s
     left_s = late_for_burst(
         episode, now_s, rates=rates, prior_length_s=policy.burst_length_s,

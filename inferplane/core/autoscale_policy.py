@@ -132,5 +132,11 @@ class PoolPolicy:
         window_s = self.quiet_window_s
         return 288.0 * self.scale_down_window_s if window_s is None else window_s
 
+    @property
+    def fastest_cold_start_s(self) -> float:
+        """The shortest cold start of the GPU types the pool may buy: the soonest a replica
+        bought now serves, and the span within which a rise is a burst."""
+        return min(o.cold_start_s for o in self.options)
+
     def option(self, gpu: str) -> GpuOption | None:
         return next((o for o in self.options if o.gpu == gpu), None)

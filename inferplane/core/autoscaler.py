@@ -203,7 +203,8 @@ def _decide_pool(
     return decision, after
 
 
-#: Windows the loop keeps for the rise test at most (a cold start's worth at the tick).
+#: The most windows the loop keeps, whatever the cold start spans in ticks (its memory is
+#: bounded).
 MAX_RATES = 64
 
 
@@ -212,11 +213,10 @@ def _recent_rates(
 ) -> tuple[tuple[float, float], ...]:
     """The windows (``(at_s, tokens/s)``) kept after this one: those of the last cold start,
     which the rise test reads (a rise within a cold start is a burst), and at least the last
-    ``surge_windows``, which the surge fit reads. When only the latter were kept, so
-    the rise test saw 15-20 s at the benches' 5 s tick: the emulated day's seed 1 rose 3.2x
-    in 25 s, never 2x within four windows, and began no burst until its fifth."""
-    within_s = min(o.cold_start_s for o in policy.options)
-    kept = tuple(r for r in rates if now - r[0] <= within_s)
+    ``surge_windows``, which the surge fit reads. Until 35fff4f only the latter were kept,
+    so the rise test saw 15-20 s at the benches' 5 s tick: the emulated day's seed 1 rose
+    3.2x in 25 s, never 2x within four windows, and began its burst only at 128 s."""
+    kept = tuple(r for r in rates if now - r[0] <= policy.fastest_cold_start_s)
     if len(kept) < policy.surge_windows:
         kept = rates[-policy.surge_windows :]
     return kept[-MAX_RATES:]
@@ -284,7 +284,7 @@ def _episode(
         rise_ratio(
             requests=signal.requests, tokens=signal.tokens, window_s=signal.window_s,
             now_s=signal.now_s, rates=memory.rates, z=policy.burst_z,
-            within_s=min(o.cold_start_s for o in policy.options),
+            within_s=policy.fastest_cold_start_s,
         ) >= policy.burst_on_ratio
         or _surge_demand(policy, signal, memory, horizon_s, policy.surge_z) > 0
     )  # fmt: skip
