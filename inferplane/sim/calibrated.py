@@ -67,8 +67,10 @@ class CalibratedSimulation(Simulation):
             self.feed.finished(ev.request_id, ev.time_s, ev.num_completion_tokens)
         super()._on_finished(ep, ev)
 
-    def _on_timeout(self, payload: tuple[Call, int]) -> None:
+    def _on_timeout(self, payload: tuple[int, int]) -> None:
+        call = self._open.get(payload[0])  # before the timeout may close it
         super()._on_timeout(payload)
-        call = payload[0]
+        if call is None:
+            return  # closed before: its last attempt's end was fed then
         if self.feed is not None and call.engine_id not in self._by_engine_id:
             self.feed.finished(call.engine_id, self.q.now_s, 0)

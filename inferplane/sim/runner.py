@@ -194,7 +194,9 @@ class Simulation(EngineSync, Upkeep, Scaling):
         call.first_token_s = None
         call.engine_id = f"c{call.call_id}.{call.attempt}"
         ctx = call.ctx = self._context(call, call.info.targets[0], now)
-        self.q.push(now + call.info.timeout_s, EventKind.TIMEOUT, (call, call.attempt))
+        # By id, not the call: a closed call (and its prompt) is freed at once, not kept by
+        # its pending timeout for up to ``timeout_s`` (300 s: ~870,000 calls at 1,000 GPUs).
+        self.q.push(now + call.info.timeout_s, EventKind.TIMEOUT, (call.call_id, call.attempt))
         views = self._views(now)
         decision = self.gate.admit(ctx, self.book.pool(ctx.model), now)
         if isinstance(decision, Reject):
@@ -319,8 +321,11 @@ class Simulation(EngineSync, Upkeep, Scaling):
         else:
             self._attempt_failed(call, ev.time_s, Outcome.FAILED, f"engine_{ev.reason.value}")
 
-    def _on_timeout(self, payload: tuple[Call, int]) -> None:
-        call, attempt = payload
+    def _on_timeout(self, payload: tuple[int, int]) -> None:
+        call_id, attempt = payload
+        call = self._open.get(call_id)
+        if call is None:
+            return  # closed since
         now = self.q.now_s
         if call.attempt == attempt and self._queued.pop(call.engine_id, None) is not None:
             out = self.gate.cancel(call.engine_id, now)  # gave up while queued

@@ -14,6 +14,8 @@ from inferplane.config import load_config
 from inferplane.engine.profiles import load_profile
 from inferplane.engine.types import EngineState
 from inferplane.sim.cli import simulate
+from inferplane.sim.events import EventKind
+from inferplane.sim.ledger import Call
 from inferplane.sim.records import Outcome
 from inferplane.sim.report import to_json
 from inferplane.sim.runner import Simulation
@@ -132,3 +134,15 @@ def test_json_is_identical_across_processes_with_different_hash_seeds(tmp_path: 
         subprocess.run(cmd, env=env, check=True, timeout=120)
         outputs.append((out / "result.json").read_bytes())
     assert outputs[0] == outputs[1]
+
+
+def test_a_closed_call_is_not_kept_alive_by_its_pending_timeout(tmp_path: Path) -> None:
+    """Timeouts (300 s by default) outlive most calls: the event must not hold the call (and
+    its prompt), or a 1,000-GPU hour keeps every call of the last 300 s in memory."""
+    sim = _sim(write_scenario(tmp_path, faults=[]))
+    result = sim.run()
+    assert all(r.outcome is Outcome.SUCCESS for r in result.records)
+    pending = [p for _, kind, _, p in sim.q._heap if kind == EventKind.TIMEOUT]
+    assert len(pending) == len(result.records)  # every call's timeout is still to come
+    assert not any(isinstance(x, Call) for payload in pending for x in payload)
+    assert not sim._open and not sim._by_engine_id
