@@ -32,9 +32,13 @@ same time, one per core (``taskset`` when present), N rounds with the cores swap
 round; the ratio per round of CPU ms per call is the figure.
 
 Printed, and written to bench/results/simulator-speed.json: calls, wall and CPU seconds,
-calls and events per wall second, CPU ms per call, engine wakes, syncs, peak RSS, and the
+calls and events per wall second, CPU ms per call (over the run, and over its second half:
+"2nd half", when the engines' caches are fuller), engine wakes, syncs, peak RSS, and the
 wall minutes one simulated hour would take at the row's pace (``60 * wall_s / sim_s``: a
 floor, as a fleet that has warmed up costs more per call than the run's first seconds).
+Each row's JSON also holds its course: every tenth of the run (in simulated time), the CPU
+seconds spent, calls ended and resident memory, so a long run shows whether
+memory levels off once the caches are full (``--sim-seconds 300 --exact-seconds 0``).
 Absolute numbers drift with machine load (2 shared cores); CPU ms per call drifts least;
 compare rows of one run. Run:
 ``python bench/simulator_speed.py [--engines 64,1000] [--sim-seconds 20] [--exact-seconds 5]``.
@@ -44,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import os
 import resource
@@ -118,15 +123,58 @@ def scenario(sim_seconds: float, num_engines: int, speed: dict[str, Any] | None)
     return parse_scenario(data)
 
 
-def run_once(sim_seconds: float, num_engines: int, speed: dict[str, Any] | None) -> dict[str, Any]:
-    """One simulated run in this process; its figures."""
+def rss_mib() -> float:
+    """This process's resident memory now (Linux ``/proc/self/statm``; 0 where absent)."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text(encoding="ascii").split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0.0
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+class Course:
+    """The run's course, read from the simulator's progress calls: every ``every_s``
+    simulated seconds, the CPU seconds spent, the calls ended and the resident memory."""
+
+    def __init__(self, every_s: float) -> None:
+        self.every_s, self.next_s = every_s, every_s
+        self.cpu_start = time.process_time()
+        self.ended: Any = None  # () -> calls ended so far, set once the simulation exists
+        self.points: list[dict[str, float]] = []
+
+    def __call__(self, now_s: float) -> None:
+        if now_s < self.next_s or self.ended is None:
+            return
+        while self.next_s <= now_s:
+            self.next_s += self.every_s
+        self.points.append({
+            "sim_s": round(now_s, 3), "cpu_s": round(time.process_time() - self.cpu_start, 3),
+            "calls_ended": self.ended(), "rss_mib": round(rss_mib(), 1),
+        })  # fmt: skip
+
+    def late_cpu_ms_per_call(self, cpu_s: float, calls: int, end_s: float) -> float | None:
+        """CPU per call over the run's second half (the fleet's caches fuller than early)."""
+        half = next((p for p in self.points if p["sim_s"] >= end_s / 2), None)
+        if half is None or calls <= half["calls_ended"]:
+            return None
+        return 1000 * (cpu_s - half["cpu_s"]) / (calls - half["calls_ended"])
+
+
+def run_once(
+    sim_seconds: float, num_engines: int, speed: dict[str, Any] | None, every_s: float = 0.0
+) -> dict[str, Any]:
+    """One simulated run in this process; its figures (with its course every ``every_s``)."""
     from inferplane.sim.calibrated import CalibratedSimulation
     from inferplane.sim.records import Outcome
 
+    course = Course(every_s or sim_seconds / 10)
     sim = CalibratedSimulation(
-        scenario(sim_seconds, num_engines, speed), fleet_config(num_engines), ROOT, "inferplane"
-    )
+        scenario(sim_seconds, num_engines, speed), fleet_config(num_engines), ROOT, "inferplane",
+        progress=course,
+    )  # fmt: skip
+    course.ended = lambda: len(sim.ledger.records)
     start, cpu_start = time.perf_counter(), time.process_time()
+    course.cpu_start = cpu_start
     result = sim.run()
     wall_s = time.perf_counter() - start
     cpu_s = time.process_time() - cpu_start
@@ -148,6 +196,9 @@ def run_once(sim_seconds: float, num_engines: int, speed: dict[str, Any] | None)
         "syncs": result.counters.get("syncs"),
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "wall_min_per_sim_hour": 60 * wall_s / max(1e-9, result.end_s),
+        "late_cpu_ms_per_call": course.late_cpu_ms_per_call(cpu_s, calls, result.end_s),
+        "rss_end_mib": rss_mib(),
+        "course": course.points,
         "records_sha256_16": digest.hexdigest()[:16],
     }
 
@@ -209,7 +260,7 @@ def build_compiled(out: Path, commit: str) -> None:
 
 def _table(rows: list[dict[str, Any]]) -> None:
     head = ("engines", "mode", "sim s", "calls", "wall s", "calls / wall s", "events / wall s",
-            "CPU ms / call", "syncs", "peak RSS MiB", "ok", "TTFT p50 s",
+            "CPU ms / call", "2nd half", "syncs", "peak RSS MiB", "ok", "TTFT p50 s",
             "wall min / sim h", "records sha256")  # fmt: skip
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
@@ -217,13 +268,44 @@ def _table(rows: list[dict[str, Any]]) -> None:
         ttft = "-" if r["ttft_p50_s"] is None else f"{r['ttft_p50_s']:.3f}"
         per_hour = r.get("wall_min_per_sim_hour")
         hour = "-" if per_hour is None else f"{per_hour:.0f}"
+        late = r.get("late_cpu_ms_per_call")
+        late_ms = "-" if late is None else f"{late:.3f}"
         print(
             f"| {r['engines']} | {r['mode']} | {r['sim_s']:.0f} | {r['calls']} | "
             f"{r['wall_s']:.1f} | {r['calls_per_wall_s']:.0f} | {r['events_per_wall_s']:.0f} | "
-            f"{r['cpu_ms_per_call']:.3f} | {r['syncs']} | {r['peak_rss_mib']:.0f} | "
+            f"{r['cpu_ms_per_call']:.3f} | {late_ms} | {r['syncs']} | {r['peak_rss_mib']:.0f} | "
             f"{r['calls_succeeded']}/{r['calls']} | {ttft} | {hour} | "
             f"{r.get('records_sha256_16', '-')} |"
         )
+
+
+def plot_courses(rows: list[dict[str, Any]], out: Path) -> None:
+    """Resident memory and CPU per call (per course interval) against simulated time, one
+    line per row with a course: whether memory levels off and calls get dearer."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (mem, cpu) = plt.subplots(1, 2, figsize=(11, 4))
+    for r in rows:
+        points = r.get("course") or []
+        if len(points) < 2:
+            continue
+        label = f"{r['engines']} engines, {r['mode']}"
+        mem.plot([p["sim_s"] for p in points], [p["rss_mib"] / 1024 for p in points], label=label)
+        pairs = list(itertools.pairwise(points))
+        per_call = [1000 * (b["cpu_s"] - a["cpu_s"]) / max(1, b["calls_ended"] - a["calls_ended"])
+                    for a, b in pairs]  # fmt: skip
+        cpu.plot([b["sim_s"] for _, b in pairs], per_call, label=label)
+    mem.set(xlabel="simulated s", ylabel="resident memory, GiB", title="memory")
+    cpu.set(xlabel="simulated s", ylabel="CPU ms per call ended", title="cost per call")
+    for ax in (mem, cpu):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
 
 
 def main() -> int:
@@ -239,6 +321,7 @@ def main() -> int:
     parser.add_argument("--no-exact", action="store_true", help="skip the exact rows")
     parser.add_argument("--mode", choices=("fast", "exact"), default="fast")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--plot", action="store_true", help="the courses as a PNG beside --out")
     parser.add_argument("--one", type=float, help=argparse.SUPPRESS)  # a subprocess run
     args = parser.parse_args()
     sizes = [int(n) for n in args.engines.split(",")]
@@ -276,6 +359,8 @@ def main() -> int:
     document = {"rows": rows, "load_average_1m": load, "argv": sys.argv[1:]}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(document, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    if args.plot:
+        plot_courses(rows, args.out.with_suffix(".png"))
     return 0
 
 
