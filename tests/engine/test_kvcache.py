@@ -134,3 +134,44 @@ def test_known_prompt_keys_give_the_hashes_hashing_gives() -> None:
     assert given == hashed and len(hashed) == 12
     assert [pool._key(h) for h in hashed] == block_keys(tokens)
     assert BlockPool(64, 16, seed=4).hash_block(None, tuple(tokens[:16])) != hashed[0]
+
+
+def test_eviction_order_matches_a_reference_lru_through_random_churn() -> None:
+    """The linked LRU against an ``OrderedDict`` model: under random allocation, prefix
+    hits and frees, blocks with cached content are evicted least recently freed first, and
+    the counts agree at every step."""
+    import random
+    from collections import OrderedDict
+
+    rng = random.Random(7)
+    pool = BlockPool(24, 1)
+    model: OrderedDict[int, None] = OrderedDict()  # free blocks with content, oldest first
+    held: list[list[int]] = []
+    evicted = 0
+    for step in range(3000):
+        op = rng.random()
+        if op < 0.45 and pool.num_free >= 3:
+            before = frozenset(model)
+            blocks = pool.allocate(rng.randint(1, 3))
+            taken = [b for b in blocks if b in before]  # content evicted, in eviction order
+            assert taken == list(model)[: len(taken)]
+            for b in taken:
+                del model[b]
+            evicted += len(taken)
+            for b in blocks:
+                pool.register(b, step * 100 + b)
+            held.append(blocks)
+        elif op < 0.6 and model:  # a prefix hit on free cached blocks
+            hit = rng.sample(list(model), min(len(model), rng.randint(1, 2)))
+            pool.touch(hit)
+            for b in hit:
+                del model[b]
+            held.append(hit)
+        elif held:
+            blocks = held.pop(rng.randrange(len(held)))
+            pool.free(blocks)
+            for b in reversed(blocks):
+                if pool.ref_count(b) == 0 and pool.block_hash(b) is not None:
+                    model[b] = None
+        assert pool.num_cached_free == len(model)
+    assert evicted > 100  # the churn did reach eviction
