@@ -175,6 +175,7 @@ def run_once(
     course.ended = lambda: len(sim.ledger.records)
     start, cpu_start = time.perf_counter(), time.process_time()
     course.cpu_start = cpu_start
+    course.points.append({"sim_s": 0.0, "cpu_s": 0.0, "calls_ended": 0, "rss_mib": rss_mib()})
     result = sim.run()
     wall_s = time.perf_counter() - start
     cpu_s = time.process_time() - cpu_start
@@ -302,7 +303,8 @@ def plot_courses(rows: list[dict[str, Any]], out: Path) -> None:
     cpu.set(xlabel="simulated s", ylabel="CPU ms per call ended", title="cost per call")
     for ax in (mem, cpu):
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.lines:
+            ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     plt.close(fig)
