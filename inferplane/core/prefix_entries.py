@@ -44,7 +44,8 @@ class EntryBook:
         old = entries.get(key)
         if old is None:
             entries[key] = flag
-            self._holders[key] = self._holders.get(key, 0) | ep.bit
+            mask = self._holders.get(key)
+            self._holders[key] = ep.bit if mask is None else mask | ep.bit
             self._num_entries += 1
             if self._num_entries > self.config.max_entries:
                 self._evict()

@@ -339,3 +339,26 @@ def test_batch_eviction_takes_what_one_at_a_time_from_the_largest_would(
                 assert index.match(held[:1], [endpoint]) == {endpoint: 1}
                 assert index.holders(held[0]) == [endpoint]
     assert index.stats().num_entries <= bound
+
+
+def test_a_keys_first_holder_stores_its_endpoints_own_bit_not_a_new_mask() -> None:
+    """At 1,000 endpoints a holder mask is a ~90-byte int: a key held by one endpoint keeps a
+    reference to that endpoint's bit (stored or routed), not an equal copy of it. Endpoint
+    70's bit is past 2**62, so the compiled build shares it too."""
+    index = PrefixIndex(PrefixIndexConfig(block_size=BS))
+    names = [f"e{i}" for i in range(72)]
+    for name in names:
+        index.add_endpoint(name, IndexSource.PRECISE)
+    rng = random.Random(3)
+    stored, routed = prompt(rng, 3), prompt(rng, 3)
+    index.apply_events("e70", [store(stored, seed=70)], now=0.0)
+    index.record_route("e71", block_keys(routed), now=0.0)
+    bits = {name: ep.bit for name, ep in index._endpoints.items()}
+    for key in block_keys(stored):
+        assert index._holders[key] is bits["e70"] and index.holders(key) == ["e70"]
+    for key in block_keys(routed):
+        assert index._holders[key] is bits["e71"] and index.holders(key) == ["e71"]
+    index.record_route("e70", block_keys(routed), now=0.0)  # a second holder: a new mask
+    assert index.holders(block_keys(routed)[0]) == ["e70", "e71"]
+    assert index.match(block_keys(routed), names) == {n: 3 if n in ("e70", "e71") else 0
+                                                      for n in names}  # fmt: skip
