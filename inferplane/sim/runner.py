@@ -195,7 +195,7 @@ class Simulation(EngineSync, Upkeep, Scaling):
         call.engine_id = f"c{call.call_id}.{call.attempt}"
         ctx = call.ctx = self._context(call, call.info.targets[0], now)
         # By id, not the call: a closed call (and its prompt) is freed at once, not kept by
-        # its pending timeout for up to ``timeout_s`` (300 s: ~870,000 calls at 1,000 GPUs).
+        # its pending timeout for up to ``timeout_s`` (300 s: ~900,000 calls at 1,000 GPUs).
         self.q.push(now + call.info.timeout_s, EventKind.TIMEOUT, (call.call_id, call.attempt))
         views = self._views(now)
         decision = self.gate.admit(ctx, self.book.pool(ctx.model), now)
