@@ -56,6 +56,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -133,52 +134,62 @@ def rss_mib() -> float:
 
 
 class Course:
-    """The run's course, read from the simulator's progress calls: every ``every_s``
-    simulated seconds, the CPU seconds spent, the calls ended and the resident memory."""
+    """The run's course, read from the simulator's progress calls: at its start, every
+    ``every_s`` simulated seconds and at its end, the CPU seconds spent, the calls ended and
+    the resident memory."""
 
     def __init__(self, every_s: float) -> None:
         self.every_s, self.next_s = every_s, every_s
-        self.cpu_start = time.process_time()
-        self.ended: Any = None  # () -> calls ended so far, set once the simulation exists
+        self.cpu_start = 0.0
+        self.ended: Callable[[], int] = lambda: 0  # calls ended so far
         self.points: list[dict[str, float]] = []
 
+    def start(self, ended: Callable[[], int]) -> None:
+        """The run starts now; ``ended`` counts its calls ended so far."""
+        self.ended, self.cpu_start = ended, time.process_time()
+        self.point(0.0)
+
     def __call__(self, now_s: float) -> None:
-        if now_s < self.next_s or self.ended is None:
+        if now_s < self.next_s:
             return
         while self.next_s <= now_s:
             self.next_s += self.every_s
+        self.point(now_s)
+
+    def point(self, now_s: float) -> None:
         self.points.append({
             "sim_s": round(now_s, 3), "cpu_s": round(time.process_time() - self.cpu_start, 3),
             "calls_ended": self.ended(), "rss_mib": round(rss_mib(), 1),
         })  # fmt: skip
 
-    def late_cpu_ms_per_call(self, cpu_s: float, calls: int, end_s: float) -> float | None:
+    def late_cpu_ms_per_call(self) -> float | None:
         """CPU per call over the run's second half (the fleet's caches fuller than early)."""
-        half = next((p for p in self.points if p["sim_s"] >= end_s / 2), None)
-        if half is None or calls <= half["calls_ended"]:
-            return None
-        return 1000 * (cpu_s - half["cpu_s"]) / (calls - half["calls_ended"])
+        end = self.points[-1]
+        half = next(p for p in self.points if p["sim_s"] >= end["sim_s"] / 2)
+        return None if half is end else ms_per_call(half, end)
 
 
-def run_once(
-    sim_seconds: float, num_engines: int, speed: dict[str, Any] | None, every_s: float = 0.0
-) -> dict[str, Any]:
-    """One simulated run in this process; its figures (with its course every ``every_s``)."""
+def ms_per_call(a: dict[str, float], b: dict[str, float]) -> float:
+    """CPU ms per call ended between two points of a course."""
+    return 1000 * (b["cpu_s"] - a["cpu_s"]) / max(1.0, b["calls_ended"] - a["calls_ended"])
+
+
+def run_once(sim_seconds: float, num_engines: int, speed: dict[str, Any] | None) -> dict[str, Any]:
+    """One simulated run in this process; its figures, with its course every tenth."""
     from inferplane.sim.calibrated import CalibratedSimulation
     from inferplane.sim.records import Outcome
 
-    course = Course(every_s or sim_seconds / 10)
+    course = Course(sim_seconds / 10)
     sim = CalibratedSimulation(
         scenario(sim_seconds, num_engines, speed), fleet_config(num_engines), ROOT, "inferplane",
         progress=course,
     )  # fmt: skip
-    course.ended = lambda: len(sim.ledger.records)
     start, cpu_start = time.perf_counter(), time.process_time()
-    course.cpu_start = cpu_start
-    course.points.append({"sim_s": 0.0, "cpu_s": 0.0, "calls_ended": 0, "rss_mib": rss_mib()})
+    course.start(lambda: len(sim.ledger.records))
     result = sim.run()
     wall_s = time.perf_counter() - start
     cpu_s = time.process_time() - cpu_start
+    course.point(result.end_s)
     calls = len(result.records)
     digest = hashlib.sha256(repr((result.records, result.samples, result.counters)).encode())
     ttfts = sorted(r.ttft_s for r in result.records if r.ttft_s is not None)
@@ -197,7 +208,7 @@ def run_once(
         "syncs": result.counters.get("syncs"),
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "wall_min_per_sim_hour": 60 * wall_s / max(1e-9, result.end_s),
-        "late_cpu_ms_per_call": course.late_cpu_ms_per_call(cpu_s, calls, result.end_s),
+        "late_cpu_ms_per_call": course.late_cpu_ms_per_call(),
         "rss_end_mib": rss_mib(),
         "course": course.points,
         "records_sha256_16": digest.hexdigest()[:16],
@@ -296,9 +307,7 @@ def plot_courses(rows: list[dict[str, Any]], out: Path) -> None:
         label = f"{r['engines']} engines, {r['mode']}"
         mem.plot([p["sim_s"] for p in points], [p["rss_mib"] / 1024 for p in points], label=label)
         pairs = list(itertools.pairwise(points))
-        per_call = [1000 * (b["cpu_s"] - a["cpu_s"]) / max(1, b["calls_ended"] - a["calls_ended"])
-                    for a, b in pairs]  # fmt: skip
-        cpu.plot([b["sim_s"] for _, b in pairs], per_call, label=label)
+        cpu.plot([b["sim_s"] for _, b in pairs], [ms_per_call(a, b) for a, b in pairs], label=label)
     mem.set(xlabel="simulated s", ylabel="resident memory, GiB", title="memory")
     cpu.set(xlabel="simulated s", ylabel="CPU ms per call ended", title="cost per call")
     for ax in (mem, cpu):

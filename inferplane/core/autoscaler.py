@@ -216,7 +216,8 @@ def _recent_rates(
     ``surge_windows``, which the surge fit reads. Until 35fff4f only the latter were kept,
     so the rise test saw 15-20 s at the benches' 5 s tick: the emulated day's seed 1 rose
     3.2x in 25 s, never 2x within four windows, and began its burst only at 128 s."""
-    kept = tuple(r for r in rates if now - r[0] <= policy.fastest_cold_start_s)
+    within_s = policy.fastest_cold_start_s
+    kept = tuple(r for r in rates if now - r[0] <= within_s)
     if len(kept) < policy.surge_windows:
         kept = rates[-policy.surge_windows :]
     return kept[-MAX_RATES:]
